@@ -1,0 +1,5 @@
+"""`python -m flint` is the `flint` command."""
+
+from flint.cli import main
+
+main()

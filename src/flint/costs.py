@@ -1,0 +1,118 @@
+"""Cost rules: what one StableHLO op costs on one rank, in FLOPs and bytes.
+
+The rules are deliberately simple and documented (README, "Cost rules") so a user can check any number
+by hand from the op's shapes:
+
+- bytes: every operand plus every result at its element size (bf16 2, f8 1, pred 1, sub-byte packed);
+- `dot_general`: 2 x result elements x product of contracting sizes (batch dims are in the result);
+- `convolution`: 2 x result elements x kernel window x kernel input features (already per group);
+- elementwise ops: 1 FLOP per result element; transcendental ones also count 1 each in
+  `transcendentals`;
+- `reduce`: (input elements - result elements) x ops in the reducer body;
+  `reduce_window`: result elements x window size x body ops; `sort`: elements x ceil(log2 n) x
+  comparator ops; `select_and_scatter`: operand elements x body ops;
+- data movement (transpose, slice, concatenate, pad, gather, scatter, broadcast, ...): 0 FLOPs, bytes;
+- constants, reshapes, bitcasts and tuple plumbing: free, never emitted;
+- a fusion (optimised stage): the FLOPs of the ops inside it, the bytes of its own operands and
+  results, since the intermediate values never leave the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flint.parse import FUSION, Op
+
+COMPUTE, MEMORY, COLLECTIVE, FREE = "compute", "memory", "collective", "free"
+
+TRANSCENDENTAL = frozenset(
+    "atan2 cbrt cosine exponential exponential_minus_one log log_plus_one logistic power rsqrt sine "
+    "sqrt tan tanh".split()
+)
+ELEMENTWISE = TRANSCENDENTAL | frozenset(
+    "abs add and ceil clamp compare complex convert count_leading_zeros divide floor imag is_finite "
+    "map maximum minimum multiply negate not or popcnt real reduce_precision remainder "
+    "round_nearest_afz round_nearest_even select shift_left shift_right_arithmetic "
+    "shift_right_logical sign subtract xor".split()
+)
+DATA_MOVEMENT = frozenset(
+    "broadcast broadcast_in_dim concatenate copy dynamic_slice dynamic_update_slice gather iota pad "
+    "reverse scatter slice transpose".split()
+)
+NO_COST = frozenset(
+    "after_all bitcast_convert constant create_token get_dimension_size get_tuple_element "
+    "optimization_barrier partition_id replica_id reshape tuple".split()
+)
+COLLECTIVES = frozenset(
+    "all_reduce all_gather reduce_scatter all_to_all collective_permute collective_broadcast".split()
+)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One op's cost on one rank. `known` is False when no rule applied and only bytes are counted."""
+
+    kind: str
+    flops: int = 0
+    transcendentals: int = 0
+    bytes: int = 0
+    known: bool = True
+
+
+def _bytes(op: Op) -> int:
+    return sum(t.nbytes for t in op.operand_types) + sum(t.nbytes for t in op.result_types)
+
+
+def _flops(op: Op) -> int | None:
+    """FLOPs by the rules above, or None when the op has no rule."""
+    out = op.result_types[0].elements if op.result_types else 0
+    body = op.attrs.get("body_ops", 1)
+    if op.opcode in ELEMENTWISE:
+        return out
+    if op.opcode == "dot_general":
+        lhs = op.operand_types[0].shape
+        return 2 * out * math.prod(lhs[d] for d in op.attrs["lhs_contracting"])
+    if op.opcode == "dot":
+        return 2 * out * op.operand_types[0].shape[-1]
+    if op.opcode == "convolution":
+        kernel = op.operand_types[1].shape
+        window = math.prod(kernel[d] for d in op.attrs["kernel_spatial"])
+        return 2 * out * window * kernel[op.attrs["kernel_input_feature"]]
+    if op.opcode == "reduce":
+        return (op.operand_types[0].elements - out) * body
+    if op.opcode == "reduce_window":
+        return out * math.prod(op.attrs["window"]) * body
+    if op.opcode == "select_and_scatter":
+        return op.operand_types[0].elements * body
+    if op.opcode == "sort":
+        shape = op.operand_types[0].shape
+        longest = max(shape, default=1)
+        return op.operand_types[0].elements * max(1, math.ceil(math.log2(max(longest, 2)))) * body
+    if op.opcode in ("rng", "rng_bit_generator"):
+        return out
+    return None
+
+
+def cost_of(op: Op) -> Cost:
+    """Classify `op` and cost it; collectives get their bytes from `flint.collectives`."""
+    if op.opcode in NO_COST:
+        return Cost(FREE)
+    if op.opcode in COLLECTIVES:
+        return Cost(COLLECTIVE, bytes=_bytes(op))
+    if op.opcode in DATA_MOVEMENT:
+        return Cost(MEMORY, bytes=_bytes(op))
+    if op.opcode == FUSION:
+        inner = [cost_of(o) for o in op.regions[0].ops]
+        return Cost(
+            COMPUTE,
+            flops=sum(c.flops for c in inner),
+            transcendentals=sum(c.transcendentals for c in inner),
+            bytes=_bytes(op),
+            known=all(c.known for c in inner),
+        )
+    flops = _flops(op)
+    transcendentals = op.result_types[0].elements if op.opcode in TRANSCENDENTAL else 0
+    if flops is None:
+        return Cost(COMPUTE, bytes=_bytes(op), known=False)
+    return Cost(COMPUTE, flops=flops, transcendentals=transcendentals, bytes=_bytes(op))

@@ -1,0 +1,73 @@
+"""Stage 2a: the `--mesh` grammar.
+
+A mesh is written either positionally (`8x8`, `2x4x8`), taking documented default axis names, or with
+names (`data=16,tensor=8`). The result is a plain description; `backend.py` turns it into devices.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from flint.errors import FlintError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SIZE = re.compile(r"^[0-9]+$")
+
+
+def default_axis_names(ndim: int) -> tuple[str, ...]:
+    """Names for a positional mesh: `data` first, `tensor` last, `axis<i>` in between.
+
+    A 1-D mesh is pure data parallelism (`data`); a 2-D mesh is `data` x `tensor`, the Megatron layout.
+    """
+    if ndim == 1:
+        return ("data",)
+    return ("data", *(f"axis{i}" for i in range(1, ndim - 1)), "tensor")
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """Axis names and sizes of the virtual device mesh, row-major over ranks."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __str__(self) -> str:
+        return ",".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
+
+
+def _parse_size(text: str, spec: str) -> int:
+    if not _SIZE.match(text) or int(text) < 1:
+        raise FlintError(
+            f"invalid --mesh {spec!r}: axis size {text!r} is not a positive integer "
+            "(write e.g. 8x8 or data=8,tensor=8)"
+        )
+    return int(text)
+
+
+def parse_mesh(spec: str) -> MeshSpec:
+    """Parse `8x8`, `2x4x8` or `data=16,tensor=8` into a `MeshSpec`."""
+    text = spec.strip()
+    if not text:
+        raise FlintError("invalid --mesh '': give axis sizes such as 8x8 or data=8,tensor=8")
+    if "=" in text:
+        names, sizes = [], []
+        for part in text.split(","):
+            name, eq, size = part.partition("=")
+            name = name.strip()
+            if not eq or not _NAME.match(name):
+                raise FlintError(
+                    f"invalid --mesh {spec!r}: {part!r} is not NAME=SIZE (write e.g. data=8,tensor=8)"
+                )
+            if name in names:
+                raise FlintError(f"invalid --mesh {spec!r}: axis {name!r} is named twice")
+            names.append(name)
+            sizes.append(_parse_size(size.strip(), spec))
+        return MeshSpec(tuple(sizes), tuple(names))
+    sizes = tuple(_parse_size(part.strip(), spec) for part in text.lower().split("x"))
+    return MeshSpec(sizes, default_axis_names(len(sizes)))

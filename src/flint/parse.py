@@ -1,0 +1,267 @@
+"""Stage 4: walk the partitioned StableHLO with jaxlib's MLIR bindings into typed, MLIR-free ops.
+
+Everything later (costing, graph building, emission) works on these plain dataclasses, so the MLIR
+context lives only here. Calls are inlined while walking: every call site gets its own copy of the
+callee's ops, which is what runs. Control-flow ops keep their regions as nested `Region`s; reducer
+bodies (of reduce, all_reduce, scatter, sort, ...) are summarised by their op count, which is what their
+cost depends on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+
+from flint.errors import FlintError
+from flint.partition import PartitionedModule
+from flint.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
+
+CONTROL_FLOW = frozenset({"while", "case", "if"})
+"""Ops whose regions are program code, as opposed to reducer bodies applied per element."""
+
+FUSION = "fusion"
+"""A kernel of the optimised module: its region holds the ops it computes in one pass."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Shape and element type of one value. `bits` is 0 for tokens, which carry no data."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    bits: int
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in memory: `i1` (pred) takes a byte per element as in XLA; other sub-byte types pack."""
+        if self.bits == 1:
+            return self.elements
+        return (self.elements * self.bits + 7) // 8
+
+
+@dataclass(frozen=True)
+class Op:
+    """One StableHLO operation with SSA value ids instead of MLIR handles."""
+
+    opcode: str
+    name: str
+    operands: tuple[int, ...]
+    results: tuple[int, ...]
+    operand_types: tuple[TensorType, ...]
+    result_types: tuple[TensorType, ...]
+    attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    regions: tuple["Region", ...] = ()
+
+
+@dataclass(frozen=True)
+class Region:
+    """A block of ops: its arguments, its ops in program order, and the values it returns."""
+
+    arguments: tuple[int, ...]
+    ops: tuple[Op, ...]
+    results: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    """The entry function of the partitioned module, calls inlined: what every rank runs."""
+
+    body: Region
+    input_types: tuple[TensorType, ...]
+    num_values: int
+
+
+def _tensor_type(mlir_type) -> TensorType:
+    from jaxlib.mlir import ir
+
+    if isinstance(mlir_type, ir.RankedTensorType):
+        shape, element = tuple(mlir_type.shape), mlir_type.element_type
+    else:  # tokens and scalars outside tensors
+        shape, element = (), mlir_type
+    if isinstance(element, ir.ComplexType):
+        bits = 2 * element.element_type.width
+    else:
+        bits = getattr(element, "width", 0)
+    return TensorType(shape=shape, dtype=str(element), bits=bits)
+
+
+def _ints(attr) -> tuple[int, ...]:
+    return tuple(int(x) for x in attr)
+
+
+def _replica_groups(attr, meshes: dict[str, ModuleMesh]) -> np.ndarray:
+    """Explicit `[groups, size]` ids from either encoding XLA writes: a dense list or mesh axes."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    if stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attr):
+        attr = stablehlo.ReplicaGroupMeshAxesAttr(attr)
+        refs = tuple(
+            AxisRef(
+                ref.name,
+                None if ref.sub_axis_info is None else (ref.sub_axis_info.pre_size, ref.sub_axis_info.size),
+            )
+            for ref in (stablehlo.AxisRefAttr(a) for a in attr.axes)
+        )
+        return mesh_axes_groups(meshes[ir.FlatSymbolRefAttr(attr.mesh).value], refs)
+    return np.array(ir.DenseIntElementsAttr(attr), dtype=np.int64)
+
+
+def _module_meshes(module) -> dict[str, ModuleMesh]:
+    """The `sdy.mesh` declarations that mesh-axes replica groups refer to."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import sdy
+
+    meshes = {}
+    for op in module.body.operations:
+        if op.operation.name != "sdy.mesh":
+            continue
+        mesh = sdy.MeshAttr(op.operation.attributes["mesh"])
+        axes = tuple((axis.name, axis.size) for axis in (sdy.MeshAxisAttr(a) for a in mesh.axes))
+        device_ids = tuple(mesh.device_ids) or None
+        meshes[ir.StringAttr(op.operation.attributes["sym_name"]).value] = ModuleMesh(axes, device_ids)
+    return meshes
+
+
+def _decode_attrs(opcode: str, op, meshes: dict[str, ModuleMesh]) -> dict[str, Any]:
+    """The attributes cost rules and collective resolution need, as plain Python values."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    attributes = op.attributes
+    out: dict[str, Any] = {}
+    if opcode == "dot_general":
+        dims = stablehlo.DotDimensionNumbers(attributes["dot_dimension_numbers"])
+        out["lhs_contracting"] = tuple(dims.lhs_contracting_dimensions)
+        out["lhs_batching"] = tuple(dims.lhs_batching_dimensions)
+    elif opcode == "convolution":
+        dims = stablehlo.ConvDimensionNumbers(attributes["dimension_numbers"])
+        out["kernel_spatial"] = tuple(dims.kernel_spatial_dimensions)
+        out["kernel_input_feature"] = dims.kernel_input_feature_dimension
+        out["feature_group_count"] = ir.IntegerAttr(attributes["feature_group_count"]).value
+    elif opcode == "reduce_window":
+        out["window"] = _ints(attributes["window_dimensions"])
+    elif opcode == "select_and_scatter" and "window_dimensions" in attributes:
+        out["window"] = _ints(attributes["window_dimensions"])
+    if "replica_groups" in attributes:
+        out["replica_groups"] = _replica_groups(attributes["replica_groups"], meshes)
+    if "channel_handle" in attributes:
+        out["channel_id"] = stablehlo.ChannelHandle(attributes["channel_handle"]).handle
+    if "use_global_device_ids" in attributes:
+        out["use_global_device_ids"] = True
+    if "source_target_pairs" in attributes:
+        out["source_target_pairs"] = np.array(
+            ir.DenseIntElementsAttr(attributes["source_target_pairs"]), dtype=np.int64
+        ).reshape(-1, 2)
+    return out
+
+
+def _op_name(op, opcode: str) -> str:
+    """The JAX op path (`jit(step)/jvp()/dot_general`) the compiler kept as the location name."""
+    try:
+        return op.location.name_str
+    except (ValueError, AttributeError):
+        return opcode
+
+
+class _Walker:
+    """Assigns a fresh integer id to every value, inlining calls as it meets them."""
+
+    def __init__(self, functions: dict[str, Any], meshes: dict[str, ModuleMesh]):
+        self.functions = functions
+        self.meshes = meshes
+        self.next_id = 0
+        self.inline_depth = 0
+
+    def fresh(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def region(self, block, env: dict, arguments: tuple[int, ...] | None = None) -> Region:
+        if arguments is None:
+            arguments = tuple(self.fresh() for _ in block.arguments)
+        for value, vid in zip(block.arguments, arguments):
+            env[value] = vid
+        ops: list[Op] = []
+        results: tuple[int, ...] = ()
+        for mlir_op in block.operations:
+            op = mlir_op.operation
+            opcode = op.name.split(".", 1)[1]
+            if opcode == "return":
+                results = tuple(env[v] for v in op.operands)
+            elif op.name == "func.call":
+                self.inline(op, env, ops)
+            else:
+                ops.append(self.op(op, opcode, env))
+        return Region(arguments=arguments, ops=tuple(ops), results=results)
+
+    def inline(self, call, env: dict, ops: list[Op]) -> None:
+        from jaxlib.mlir import ir
+
+        callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+        if self.inline_depth > 64:
+            raise FlintError(f"call depth over 64 at @{callee}: recursive functions cannot be unrolled")
+        self.inline_depth += 1
+        body = self.region(
+            self.functions[callee].regions[0].blocks[0], {}, tuple(env[v] for v in call.operands)
+        )
+        self.inline_depth -= 1
+        ops.extend(body.ops)
+        for value, vid in zip(call.results, body.results):
+            env[value] = vid
+
+    def op(self, op, opcode: str, env: dict) -> Op:
+        operands = tuple(env[v] for v in op.operands)
+        attrs = _decode_attrs(opcode, op, self.meshes)
+        regions: tuple[Region, ...] = ()
+        if opcode in CONTROL_FLOW or opcode == FUSION:
+            regions = tuple(self.region(r.blocks[0], dict(env)) for r in op.regions)
+        elif len(op.regions):
+            attrs["body_ops"] = sum(
+                1
+                for r in op.regions
+                for b in r.blocks
+                for o in b.operations
+                if not o.operation.name.endswith(".return")
+            )
+        results = tuple(self.fresh() for _ in op.results)
+        for value, vid in zip(op.results, results):
+            env[value] = vid
+        return Op(
+            opcode=opcode,
+            name=_op_name(op, opcode),
+            operands=operands,
+            results=results,
+            operand_types=tuple(_tensor_type(v.type) for v in op.operands),
+            result_types=tuple(_tensor_type(v.type) for v in op.results),
+            attrs=MappingProxyType(attrs),
+            regions=regions,
+        )
+
+
+def parse_module(module: PartitionedModule) -> Program:
+    """Parse the partitioned module's `main` into a `Program`."""
+    from jax.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
+
+    with jax_mlir.make_ir_context():
+        parsed = ir.Module.parse(module.stablehlo)
+        functions = {
+            ir.StringAttr(f.attributes["sym_name"]).value: f.operation
+            for f in parsed.body.operations
+            if f.operation.name == "func.func"
+        }
+        main = functions["main"]
+        walker = _Walker(functions, _module_meshes(parsed))
+        block = main.regions[0].blocks[0]
+        body = walker.region(block, {})
+        input_types = tuple(_tensor_type(a.type) for a in block.arguments)
+    return Program(body=body, input_types=input_types, num_values=walker.next_id)

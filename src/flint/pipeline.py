@@ -1,0 +1,178 @@
+"""The extraction pipeline, stage by stage, each stage's artifact kept for inspection.
+
+    workload = load_workload(path, mesh)          # frontend
+    module   = partition(workload, mesh)          # XLA SPMD partitioning
+    program  = parse_module(module)               # typed StableHLO ops
+    graph    = build_graph(program, ranks)        # networkx workload graph
+    write_trace(graph, ...)                       # Chakra .et per rank + groups + manifest
+
+`extract()` runs them in order and times each, which is what the CLI and `bench/extract.py` use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx
+
+import flint
+from flint.backend import make_virtual_mesh
+from flint.devices import Device
+from flint.emit import ChakraEmitter, GroupTable, OutputDir, RankTotals, rank_totals
+from flint.errors import FlintError
+from flint.frontend import Workload, load_workload
+from flint.graph import WorkloadGraph, build_graph
+from flint.mesh import MeshSpec
+from flint.parse import Program, parse_module
+from flint.partition import PartitionedModule, partition
+
+Progress = Callable[[str, int, int], None]
+"""Called as `progress(stage, done, total)` while a stage works through many items."""
+
+
+@dataclass(frozen=True)
+class ExtractRequest:
+    """Everything one extraction depends on; equal requests give byte-identical outputs."""
+
+    model: Path
+    mesh: MeshSpec
+    output: Path
+    device: Device
+    name: str | None = None
+    stage: str = "partitioned"
+    dump_ir: Path | None = None
+    strict: bool = False
+    command: str = ""
+
+
+@dataclass
+class Extraction:
+    """The artifacts of every stage, and the seconds each stage took."""
+
+    workload: Workload
+    module: PartitionedModule
+    program: Program
+    graph: WorkloadGraph
+    groups: GroupTable
+    totals: RankTotals
+    files: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _versions() -> dict[str, str]:
+    import jax
+    import jaxlib
+
+    return {"flint": flint.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+
+
+def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> dict:
+    ranks = request.mesh.size
+    return {
+        "name": prefix,
+        "model": extraction.workload.path.name,
+        "mesh": {"shape": list(request.mesh.shape), "axis_names": list(request.mesh.axis_names)},
+        "ranks": ranks,
+        "backend": "cpu",
+        "stage": request.stage,
+        "device": {
+            "name": request.device.name,
+            "peak_tflops": request.device.peak_tflops,
+            "mem_bw_gbps": request.device.mem_bw_gbps,
+        },
+        "versions": _versions(),
+        "files": {
+            "traces": f"{prefix}.{{rank}}.et",
+            "comm_groups": f"{prefix}.comm_groups.json",
+            "graph": f"{prefix}.graph.json",
+        },
+        "rank_totals": [{"ranks": [[0, ranks - 1]], **extraction.totals.as_json()}],
+        "command": request.command,
+    }
+
+
+def _graph_json(graph: WorkloadGraph) -> str:
+    data = nx.node_link_data(graph.graph, edges="edges")
+    return json.dumps(data, sort_keys=True, default=list) + "\n"
+
+
+def write_trace(request: ExtractRequest, extraction: Extraction, progress: Progress | None) -> None:
+    """Write every file into a staging directory and move it into place only when all succeeded."""
+    from flint.trace.contract import check_traces
+
+    prefix = request.name or extraction.workload.name
+    emitter = ChakraEmitter(
+        extraction.graph,
+        request.device,
+        extraction.groups,
+        metadata={"producer": f"flint {flint.__version__}", "mesh": str(request.mesh)},
+    )
+    ranks = request.mesh.size
+    with OutputDir(request.output) as out:
+        for rank in range(ranks):
+            with open(out.path(f"{prefix}.{rank}.et"), "wb") as handle:
+                handle.writelines(emitter.rank_bytes(rank))
+            if progress:
+                progress("emit", rank + 1, ranks)
+        out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
+        out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph))
+        out.write_text(
+            "manifest.json", json.dumps(manifest(request, extraction, prefix), indent=2) + "\n"
+        )
+        violations = check_traces(out.staging, prefix, num_ranks=ranks)
+        if violations:
+            raise AssertionError(
+                "the trace breaks the Chakra contract (a bug in Flint):\n"
+                + "\n".join(str(v) for v in violations[:20])
+            )
+        extraction.files = sorted(p.name for p in out.staging.iterdir())
+
+
+def extract(request: ExtractRequest, progress: Progress | None = None) -> Extraction:
+    """Run every stage for `request` and write its trace directory."""
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] = now - clock
+        clock = now
+
+    mesh = make_virtual_mesh(request.mesh)
+    workload = load_workload(request.model, mesh)
+    lap("load")
+    module = partition(workload, mesh, request.stage)
+    seconds["lower"] = module.lower_seconds
+    seconds["partition"] = module.compile_seconds
+    clock = time.perf_counter()
+    if request.dump_ir:
+        request.dump_ir.mkdir(parents=True, exist_ok=True)
+        (request.dump_ir / f"{request.name or workload.name}.{request.stage}.mlir").write_text(
+            module.text()
+        )
+    program = parse_module(module)
+    lap("parse")
+    graph = build_graph(program, request.mesh.size)
+    if graph.unknown_ops and request.strict:
+        raise FlintError(
+            f"no cost rule for {', '.join(graph.unknown_ops)} (--strict): drop --strict to emit "
+            "them with bytes only"
+        )
+    extraction = Extraction(
+        workload=workload,
+        module=module,
+        program=program,
+        graph=graph,
+        groups=GroupTable(graph),
+        totals=rank_totals(graph),
+    )
+    lap("graph")
+    write_trace(request, extraction, progress)
+    lap("emit")
+    extraction.seconds = seconds
+    return extraction

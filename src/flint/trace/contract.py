@@ -1,0 +1,283 @@
+"""Check a directory of Chakra traces against the contract ASTRA-sim relies on.
+
+The rules come from ``chakra-contract.md``: each one guards against a trace that ASTRA-sim
+misreads, hangs on, or aborts on. Ranks are read one at a time; only compact per-rank
+summaries (collective digests, unpaired SEND/RECVs) outlive a rank, so large rank counts fit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from flint.schema import et_def_pb2 as pb
+from flint.trace.errors import TraceFormatError
+from flint.trace.framing import load_bytes
+from flint.trace.matching import (
+    CollectiveLedger,
+    PointToPointLedger,
+    describe_divergence,
+    group_sequence,
+)
+from flint.trace.node_rules import (
+    ALL_RANKS,
+    Collective,
+    PointToPoint,
+    RankContext,
+    check_node,
+)
+from flint.trace.reader import (
+    comm_groups_path,
+    decode_trace,
+    find_traces,
+    parse_trace_name,
+    read_comm_groups,
+)
+from flint.trace.violation import Violation
+
+__all__ = ["RULES", "Violation", "check_traces"]
+
+RULES: dict[str, str] = {
+    "rank-files": "a file for every rank 0..N-1 (ASTRA-sim opens each one)",
+    "framing": "every file decodes as length-delimited protobuf messages",
+    "metadata-first": "the first message is a GlobalMetadata with a version",
+    "unique-ids": "node ids are unique within a file",
+    "dep-exists": "every ctrl/data dependency names a node of the same file",
+    "dep-cycle": "dependencies form no cycle (its nodes would never run)",
+    "no-metadata-node": "no METADATA_NODE (aborts this simulator build)",
+    "no-invalid-node": "no INVALID_NODE or unknown node type",
+    "num-ops": "COMP nodes have an integer num_ops > 0",
+    "tensor-size": "COMP and MEM nodes have an integer tensor_size > 0",
+    "comm-type": "collectives have an integer comm_type that ASTRA-sim simulates",
+    "broadcast-duration": "BROADCAST has duration_micros > 0 (it is replayed, not simulated)",
+    "comm-size": "communication nodes have an integer comm_size > 0",
+    "pg-name": "pg_name is a decimal string naming all ranks or a defined group",
+    "group-member": "a rank only uses groups it belongs to",
+    "group-file": "the comm-groups file is well formed (ids >= 1, >= 2 distinct in-range ranks)",
+    "involved-dim": "involved_dim, when present, is a bool_list",
+    "comm-peer": "SEND/RECV peers are integer ranks in range, one of them the file's rank",
+    "comm-tag": "SEND/RECV have an integer comm_tag that fits int32",
+    "collective-match": "all members of a group issue the same collectives, sizes and order",
+    "send-recv-match": "every SEND has exactly one RECV with the same peers, tag and size",
+    "integer-types": "sizes and counts are never doubles or floats (std::bad_cast)",
+    "is-cpu-op": "is_cpu_op, when present, is a bool",
+}
+
+
+@dataclass(frozen=True)
+class _RankScan:
+    """A rank's findings plus its communication, or None where a bad node makes it unknown."""
+
+    violations: list[Violation]
+    collectives: list[Collective] | None
+    point_to_point: list[PointToPoint] | None
+
+
+def check_traces(
+    directory: str | os.PathLike[str],
+    prefix: str | None = None,
+    num_ranks: int | None = None,
+) -> list[Violation]:
+    """Every contract violation of one trace set (empty when ASTRA-sim can run it).
+
+    ``num_ranks`` is the rank count ASTRA-sim will be configured with; without it the
+    highest rank found sets the count, so only gaps (not a missing last rank) are caught.
+    """
+    directory = Path(directory)
+    prefix, paths = find_traces(directory, prefix)
+    files = {parse_trace_name(path)[1]: path for path in paths}
+    if num_ranks is None:
+        num_ranks = max(files) + 1
+    violations = _rank_file_violations(prefix, files, num_ranks)
+    groups_file = comm_groups_path(directory, prefix)
+    groups, group_violations = _load_groups(groups_file, num_ranks)
+    violations += group_violations
+    label = groups_file.name if groups_file.exists() else f"{groups_file.name} (absent)"
+    contexts = {rank: RankContext(rank, num_ranks, groups, label) for rank in files}
+
+    collectives, point_to_point = CollectiveLedger(), PointToPointLedger()
+    missing = set(range(num_ranks)) - set(files)
+    coll_unknown, p2p_unknown = set(missing), set(missing)
+    for rank, path in sorted(files.items()):
+        scan = _scan_rank(path, contexts[rank])
+        violations += scan.violations
+        if scan.collectives is None:
+            coll_unknown.add(rank)
+        else:
+            collectives.add_rank(rank, scan.collectives)
+        if scan.point_to_point is None:
+            p2p_unknown.add(rank)
+        else:
+            point_to_point.add_rank(rank, scan.point_to_point)
+
+    members = {ALL_RANKS: range(num_ranks), **(groups or {})}
+    checkable = {
+        group: ranks
+        for group, ranks in members.items()
+        if all(rank in files and rank not in coll_unknown for rank in ranks)
+    }
+    violations += _collective_mismatches(collectives, checkable, files, contexts)
+    violations += point_to_point.unmatched(p2p_unknown)
+    return violations
+
+
+def _rank_file_violations(
+    prefix: str, files: dict[int, Path], num_ranks: int
+) -> list[Violation]:
+    """Missing ranks, and files beyond the rank count (removed from ``files``)."""
+    violations = [
+        Violation("rank-files", rank, None, f"{prefix}.{rank}.et is missing")
+        for rank in range(num_ranks)
+        if rank not in files
+    ]
+    for rank in sorted(rank for rank in files if rank >= num_ranks):
+        message = f"{files.pop(rank).name} is beyond the {num_ranks} ranks expected"
+        violations.append(Violation("rank-files", rank, None, message))
+    return violations
+
+
+def _collective_mismatches(
+    ledger: CollectiveLedger,
+    members: dict[int, range | frozenset[int]],
+    files: dict[int, Path],
+    contexts: dict[int, RankContext],
+) -> list[Violation]:
+    """Pinpoint each divergent rank; ranks are re-read because only digests were kept."""
+    violations = []
+    for group, reference_rank, ranks in ledger.divergent(members):
+        reference = group_sequence(_rescan(files, contexts, reference_rank), group)
+        for rank in ranks:
+            sequence = group_sequence(_rescan(files, contexts, rank), group)
+            violations.append(
+                describe_divergence(group, rank, sequence, reference_rank, reference)
+            )
+    return violations
+
+
+def _rescan(
+    files: dict[int, Path], contexts: dict[int, RankContext], rank: int
+) -> list[Collective]:
+    """A rank's collectives, read again (only after its digest disagreed)."""
+    collectives = _scan_rank(files[rank], contexts[rank]).collectives
+    assert collectives is not None, "only ranks with known collectives are compared"
+    return collectives
+
+
+def _scan_rank(path: Path, ctx: RankContext) -> _RankScan:
+    try:
+        metadata, nodes = decode_trace(load_bytes(path))
+    except (OSError, TraceFormatError) as exc:
+        failure = Violation("framing", ctx.rank, None, f"{path.name}: {exc}")
+        return _RankScan([failure], None, None)
+    if metadata is None and not nodes:
+        empty = Violation("metadata-first", ctx.rank, None, "the file is empty")
+        return _RankScan([empty], None, None)
+    violations: list[Violation] = []
+    if metadata is None:
+        message = "first message is a Node, not GlobalMetadata; ASTRA-sim would swallow it"
+        violations.append(Violation("metadata-first", ctx.rank, None, message))
+    elif not metadata.version:
+        violations.append(
+            Violation("metadata-first", ctx.rank, None, "GlobalMetadata has an empty version")
+        )
+    violations += _dependency_violations(ctx.rank, nodes)
+    collectives: list[Collective] | None = []
+    point_to_point: list[PointToPoint] | None = []
+    for node in nodes:
+        check = check_node(node, ctx)
+        violations += check.violations
+        if node.type == pb.COMM_COLL_NODE and not check.trusted:
+            collectives = None
+        elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and not check.trusted:
+            point_to_point = None
+        elif isinstance(check.comm, Collective) and collectives is not None:
+            collectives.append(check.comm)
+        elif isinstance(check.comm, PointToPoint) and point_to_point is not None:
+            point_to_point.append(check.comm)
+    return _RankScan(violations, collectives, point_to_point)
+
+
+def _dependency_violations(rank: int, nodes: list[pb.Node]) -> list[Violation]:
+    violations: list[Violation] = []
+    deps: dict[int, set[int]] = {}
+    for node in nodes:
+        if node.id in deps:
+            message = f"node id {node.id} appears more than once"
+            violations.append(Violation("unique-ids", rank, node.id, message))
+        else:
+            deps[node.id] = {*node.ctrl_deps, *node.data_deps}
+    for node in nodes:
+        for kind, ids in (("ctrl", node.ctrl_deps), ("data", node.data_deps)):
+            violations += [
+                Violation("dep-exists", rank, node.id, f"{kind} dependency {dep} does not exist")
+                for dep in ids
+                if dep not in deps
+            ]
+    if len(deps) == len(nodes):  # with duplicate ids the graph itself is ambiguous
+        cyclic, blocked = _find_cycle(deps)
+        if cyclic is not None:
+            message = f"node is on a dependency cycle; {blocked} nodes can never run"
+            violations.append(Violation("dep-cycle", rank, cyclic, message))
+    return violations
+
+
+def _find_cycle(deps: dict[int, set[int]]) -> tuple[int | None, int]:
+    """(a node on a cycle or None, how many nodes the cycles block), by Kahn's algorithm."""
+    known = {node: {d for d in node_deps if d in deps} for node, node_deps in deps.items()}
+    waiting = {node: len(node_deps) for node, node_deps in known.items()}
+    dependents: dict[int, list[int]] = defaultdict(list)
+    for node, node_deps in known.items():
+        for dep in node_deps:
+            dependents[dep].append(node)
+    ready = [node for node, count in waiting.items() if count == 0]
+    while ready:
+        for dependent in dependents[ready.pop()]:
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                ready.append(dependent)
+    blocked = {node for node, count in waiting.items() if count}
+    if not blocked:
+        return None, 0
+    # Every blocked node waits on another blocked node, so walking back must revisit one.
+    node, seen = min(blocked), set()
+    while node not in seen:
+        seen.add(node)
+        node = min(known[node] & blocked)
+    return node, len(blocked)
+
+
+def _load_groups(
+    path: Path, num_ranks: int
+) -> tuple[dict[int, frozenset[int]] | None, list[Violation]]:
+    """The groups of a comm-groups file (None if unreadable), and what is wrong with it."""
+    if not path.exists():
+        return {}, []
+    violations: list[Violation] = []
+
+    def fail(message: str) -> None:
+        violations.append(Violation("group-file", None, None, f"{path.name}: {message}"))
+
+    if "empty" in path.name:
+        fail("ASTRA-sim ignores comm-group files whose path contains 'empty'")
+    try:
+        raw = read_comm_groups(path)
+    except TraceFormatError as exc:
+        violations.append(Violation("group-file", None, None, str(exc)))
+        return None, violations
+    groups: dict[int, frozenset[int]] = {}
+    for group, ranks in sorted(raw.items()):
+        if group == ALL_RANKS:
+            fail('group id "0" is rejected by ASTRA-sim (pg_name "0" already means all ranks)')
+            continue
+        members = frozenset(ranks)
+        if len(members) != len(ranks):
+            fail(f"group {group} lists a rank more than once")
+        if len(members) < 2:
+            fail(f"group {group} has fewer than two ranks; a collective on it needs no group")
+        outside = sorted(rank for rank in members if not 0 <= rank < num_ranks)
+        if outside:
+            fail(f"group {group} has ranks {outside} outside 0..{num_ranks - 1}")
+        groups[group] = members
+    return groups, violations

@@ -1,0 +1,224 @@
+"""Contract rules that one node can break on its own (types and attributes).
+
+A node that breaks any rule yields no communication record: its collective or point-to-point
+operation cannot be trusted, so cross-rank matching for it is left to a rerun after the fix
+rather than reported twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flint.schema import et_def_pb2 as pb
+from flint.trace.reader import attribute_value, attributes
+from flint.trace.violation import Violation
+
+ALL_RANKS = 0
+"""Group key of the implicit all-ranks communicator (``pg_name`` absent, ``""`` or ``"0"``)."""
+
+INTEGER_KINDS = frozenset(
+    f"{kind}_val"
+    for kind in (
+        "int32", "int64", "uint32", "uint64", "sint32", "sint64",
+        "fixed32", "fixed64", "sfixed32", "sfixed64",
+    )
+)
+FLOAT_KINDS = frozenset({"double_val", "double_list", "float_val", "float_list"})
+INTEGER_ATTRS = frozenset(
+    {"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag"}
+)
+SIMULATED_COLLECTIVES = frozenset(
+    {pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST}
+)
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Collective:
+    node_id: int
+    group: int
+    comm_type: int
+    comm_size: int
+
+
+@dataclass(frozen=True)
+class PointToPoint:
+    node_id: int
+    is_send: bool
+    src: int
+    dst: int
+    tag: int
+    size: int
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What node checks need to know beyond the node itself."""
+
+    rank: int
+    num_ranks: int
+    groups: Mapping[int, frozenset[int]] | None
+    """None when the comm-groups file is unusable: that is reported once, not per node."""
+    groups_file: str
+
+
+@dataclass
+class NodeCheck:
+    """Findings for one node; ``comm`` is set only for a communication node that is trusted."""
+
+    ctx: RankContext
+    node: pb.Node
+    attrs: dict[str, pb.AttributeProto]
+    violations: list[Violation] = field(default_factory=list)
+    comm: Collective | PointToPoint | None = None
+    unresolved: bool = False
+    """Its group could not be looked up, so its rank's collectives cannot be matched."""
+
+    @property
+    def trusted(self) -> bool:
+        return not self.violations and not self.unresolved
+
+    def kind(self, name: str) -> str | None:
+        attr = self.attrs.get(name)
+        return attr.WhichOneof("value") if attr is not None else None
+
+    def value(self, name: str) -> Any:
+        attr = self.attrs.get(name)
+        return attribute_value(attr) if attr is not None else None
+
+    def fail(self, rule: str, message: str) -> None:
+        self.violations.append(Violation(rule, self.ctx.rank, self.node.id, message))
+
+    def integer(self, name: str, rule: str) -> int | None:
+        """An integer attribute's value; floats return None because the integer-types rule
+        already reported them (ASTRA-sim dies on them with std::bad_cast)."""
+        kind = self.kind(name)
+        if kind in FLOAT_KINDS:
+            return None
+        if kind not in INTEGER_KINDS:
+            self.fail(rule, f"{name} must be an integer attribute, got {kind or 'nothing'}")
+            return None
+        return self.value(name)
+
+    def positive(self, name: str, rule: str) -> int | None:
+        value = self.integer(name, rule)
+        if value is not None and value <= 0:
+            self.fail(rule, f"{name} must be > 0, got {value}")
+            return None
+        return value
+
+
+def check_node(node: pb.Node, ctx: RankContext) -> NodeCheck:
+    check = NodeCheck(ctx, node, attributes(node))
+    _check_attribute_kinds(check)
+    if node.type == pb.METADATA_NODE:
+        check.fail("no-metadata-node", "METADATA_NODE aborts ASTRA-sim")
+    elif node.type == pb.COMP_NODE:
+        check.positive("num_ops", "num-ops")
+        check.positive("tensor_size", "tensor-size")
+    elif node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
+        check.positive("tensor_size", "tensor-size")
+    elif node.type == pb.COMM_COLL_NODE:
+        _check_collective(check)
+    elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+        _check_point_to_point(check)
+    else:
+        check.fail("no-invalid-node", f"node type {_type_name(node.type)} is not executable")
+    if not check.trusted:
+        check.comm = None
+    return check
+
+
+def _check_attribute_kinds(check: NodeCheck) -> None:
+    for attr in check.node.attr:
+        kind = attr.WhichOneof("value")
+        if kind in FLOAT_KINDS and _is_integer_attr(attr.name):
+            check.fail("integer-types", f"{attr.name} is stored as {kind}; it must be an integer")
+    if "is_cpu_op" in check.attrs:
+        kind = check.kind("is_cpu_op")
+        if kind != "bool_val":
+            check.fail("is-cpu-op", f"is_cpu_op must be bool_val, got {kind or 'nothing'}")
+
+
+def _is_integer_attr(name: str) -> bool:
+    """Sizes and counts by name too, so a new size attribute cannot slip in as a double."""
+    return name in INTEGER_ATTRS or name.endswith("_size") or name.startswith("num_")
+
+
+def _check_collective(check: NodeCheck) -> None:
+    node = check.node
+    comm_type = check.integer("comm_type", "comm-type")
+    if comm_type is not None and comm_type not in SIMULATED_COLLECTIVES:
+        check.fail("comm-type", f"comm_type {_comm_name(comm_type)} is not simulated")
+        comm_type = None
+    if comm_type == pb.BROADCAST and node.duration_micros == 0:
+        check.fail("broadcast-duration", "BROADCAST is replayed from duration_micros, which is 0")
+    comm_size = check.positive("comm_size", "comm-size")
+    group = _group_of(check)
+    dims_kind = check.kind("involved_dim")
+    if dims_kind not in (None, "bool_list"):
+        check.fail("involved-dim", f"involved_dim must be bool_list, got {dims_kind}")
+    if comm_type is not None and comm_size is not None and group is not None:
+        check.comm = Collective(node.id, group, comm_type, comm_size)
+
+
+def _group_of(check: NodeCheck) -> int | None:
+    """The node's communicator group key, or None after reporting why it has none."""
+    ctx = check.ctx
+    kind = check.kind("pg_name")
+    if kind is None:
+        return ALL_RANKS
+    if kind != "string_val":
+        check.fail("pg-name", f"pg_name must be string_val, got {kind} (std::bad_cast)")
+        return None
+    text = check.value("pg_name")
+    if text == "":
+        return ALL_RANKS
+    if not (text.isascii() and text.isdigit()):
+        check.fail("pg-name", f"pg_name {text!r} is not a decimal group id")
+        return None
+    group = int(text)
+    if group == ALL_RANKS:
+        return ALL_RANKS
+    if ctx.groups is None:
+        check.unresolved = True
+        return None
+    if group not in ctx.groups:
+        check.fail("pg-name", f"group {group} is not defined in {ctx.groups_file}")
+        return None
+    if ctx.rank not in ctx.groups[group]:
+        check.fail("group-member", f"rank {ctx.rank} is not a member of group {group}")
+        return None
+    return group
+
+
+def _check_point_to_point(check: NodeCheck) -> None:
+    ctx, node = check.ctx, check.node
+    is_send = node.type == pb.COMM_SEND_NODE
+    src = check.integer("comm_src", "comm-peer")
+    dst = check.integer("comm_dst", "comm-peer")
+    tag = check.integer("comm_tag", "comm-tag")
+    size = check.positive("comm_size", "comm-size")
+    for name, peer in (("comm_src", src), ("comm_dst", dst)):
+        if peer is not None and not 0 <= peer < ctx.num_ranks:
+            check.fail("comm-peer", f"{name} {peer} is outside ranks 0..{ctx.num_ranks - 1}")
+    own_name, own = ("comm_src", src) if is_send else ("comm_dst", dst)
+    if own is not None and own != ctx.rank:
+        check.fail("comm-peer", f"{own_name} is {own} but this file is rank {ctx.rank}")
+    if src is not None and src == dst:
+        check.fail("comm-peer", f"comm_src and comm_dst are both {src}")
+    if tag is not None and not _INT32_MIN <= tag <= _INT32_MAX:
+        check.fail("comm-tag", f"comm_tag {tag} does not fit int32")
+    if None not in (src, dst, tag, size):
+        check.comm = PointToPoint(node.id, is_send, src, dst, tag, size)
+
+
+def _type_name(node_type: int) -> str:
+    return pb.NodeType.Name(node_type) if node_type in pb.NodeType.values() else str(node_type)
+
+
+def _comm_name(comm_type: int) -> str:
+    values = pb.CollectiveCommType.values()
+    return pb.CollectiveCommType.Name(comm_type) if comm_type in values else str(comm_type)

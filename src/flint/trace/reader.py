@@ -1,0 +1,200 @@
+"""Read Chakra execution traces: per-rank ``.et`` files and the comm-groups JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from flint.schema import et_def_pb2
+from flint.trace.errors import TraceFormatError
+from flint.trace.framing import iter_delimited, load_bytes
+
+_Message = TypeVar("_Message", bound=Message)
+_TRACE_NAME = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et(?:\.gz)?$")
+_GROUP_ID = re.compile(r"^[0-9]+$")
+_LIST_KINDS = frozenset(
+    field.name
+    for field in et_def_pb2.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields
+    if field.message_type is not None
+)
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's trace, decoded in full."""
+
+    path: Path
+    rank: int
+    metadata: et_def_pb2.GlobalMetadata
+    nodes: list[et_def_pb2.Node]
+
+
+def parse_trace_name(path: str | os.PathLike[str]) -> tuple[str, int] | None:
+    """Split ``<prefix>.<rank>.et[.gz]`` into (prefix, rank); None for any other file name."""
+    match = _TRACE_NAME.match(Path(path).name)
+    return (match["prefix"], int(match["rank"])) if match else None
+
+
+def decode_trace(
+    buf: bytes,
+) -> tuple[et_def_pb2.GlobalMetadata | None, list[et_def_pb2.Node]]:
+    """Decode a framed trace leniently, for callers that report problems rather than stop.
+
+    Metadata is None when the first message is a Node (recognised by its type: a
+    GlobalMetadata never sets Node's field 3), which is then kept as the first node, as its
+    writer intended. A versionless GlobalMetadata is returned as is for the caller to judge.
+    """
+    messages = iter_delimited(buf)
+    first = next(messages, None)
+    if first is None:
+        return None, []
+    metadata, first_node = _classify_first(first)
+    nodes = [] if first_node is None else [first_node]
+    nodes.extend(_parse(et_def_pb2.Node, data, index) for index, data in enumerate(messages, 1))
+    return metadata, nodes
+
+
+def _classify_first(
+    data: bytes,
+) -> tuple[et_def_pb2.GlobalMetadata | None, et_def_pb2.Node | None]:
+    try:
+        node = _parse(et_def_pb2.Node, data, 0)
+    except TraceFormatError:
+        node = None
+    if node is not None and node.type != et_def_pb2.INVALID_NODE:
+        return None, node
+    return _parse(et_def_pb2.GlobalMetadata, data, 0), None
+
+
+def _parse(message_type: type[_Message], data: bytes, index: int) -> _Message:
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise TraceFormatError(
+            f"message {index} is not a valid {message_type.__name__}: {exc}"
+        ) from exc
+    return message
+
+
+def read_trace(path: str | os.PathLike[str]) -> RankTrace:
+    """Read one rank's trace; a file whose first message is not GlobalMetadata is rejected,
+    because ASTRA-sim would silently swallow its first node."""
+    path = Path(path)
+    parsed = parse_trace_name(path)
+    if parsed is None:
+        raise TraceFormatError(f"{path}: name is not <prefix>.<rank>.et[.gz]")
+    try:
+        metadata, nodes = decode_trace(load_bytes(path))
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from exc
+    if metadata is None or not metadata.version:
+        raise TraceFormatError(f"{path}: first message is not a GlobalMetadata with a version")
+    return RankTrace(path=path, rank=parsed[1], metadata=metadata, nodes=nodes)
+
+
+def find_traces(
+    directory: str | os.PathLike[str], prefix: str | None = None
+) -> tuple[str, list[Path]]:
+    """Locate one trace set in a directory: (prefix, files sorted by rank).
+
+    Several prefixes in one directory are ambiguous, so the caller must then name one.
+    Gaps in the rank sequence are not an error here; the contract checker reports them.
+    """
+    directory = Path(directory)
+    by_prefix: dict[str, dict[int, Path]] = {}
+    for entry in sorted(directory.iterdir()):
+        parsed = parse_trace_name(entry)
+        if parsed is None or not entry.is_file():
+            continue
+        name, rank = parsed
+        ranks = by_prefix.setdefault(name, {})
+        if rank in ranks:
+            raise TraceFormatError(f"rank {rank} has two files: {ranks[rank].name}, {entry.name}")
+        ranks[rank] = entry
+    if prefix is None:
+        if len(by_prefix) > 1:
+            raise TraceFormatError(
+                f"{directory}: several trace prefixes ({', '.join(sorted(by_prefix))}); pick one"
+            )
+        prefix = next(iter(by_prefix), None)
+    if prefix is None or prefix not in by_prefix:
+        wanted = f"'{prefix}.<rank>.et'" if prefix else "'<prefix>.<rank>.et'"
+        raise FileNotFoundError(f"{directory}: no {wanted} trace files")
+    ranks = by_prefix[prefix]
+    return prefix, [ranks[rank] for rank in sorted(ranks)]
+
+
+def comm_groups_path(directory: str | os.PathLike[str], prefix: str) -> Path:
+    """Where a trace set's communicator groups live: ``<prefix>.comm_groups.json``."""
+    return Path(directory) / f"{prefix}.comm_groups.json"
+
+
+def read_comm_groups(path: str | os.PathLike[str]) -> dict[int, tuple[int, ...]]:
+    """Parse a comm-groups file into {group id: ranks}, checking only its shape.
+
+    Semantic rules (id 0, singleton groups, rank range, duplicates) need the rank count and
+    are left to the contract checker so that it can report all of them at once.
+    """
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceFormatError(f"{path}: unreadable comm groups: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise TraceFormatError(f"{path}: comm groups must be a JSON object")
+    groups: dict[int, tuple[int, ...]] = {}
+    for key, ranks in raw.items():
+        if not _GROUP_ID.match(key):
+            raise TraceFormatError(f"{path}: group id {key!r} is not a decimal string")
+        if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
+            raise TraceFormatError(f"{path}: group {key} must be a list of integer ranks")
+        if int(key) in groups:
+            raise TraceFormatError(f"{path}: group id {int(key)} appears twice")
+        groups[int(key)] = tuple(ranks)
+    return groups
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def attributes(node: et_def_pb2.Node) -> dict[str, et_def_pb2.AttributeProto]:
+    """A node's attributes by name, for callers that look up several of them.
+
+    The first attribute of a name wins; writers should never repeat a name.
+    """
+    by_name: dict[str, et_def_pb2.AttributeProto] = {}
+    for attr in node.attr:
+        by_name.setdefault(attr.name, attr)
+    return by_name
+
+
+def attribute_value(attr: et_def_pb2.AttributeProto) -> Any:
+    """The Python value of an attribute whatever its kind (lists as ``list``), or None."""
+    kind = attr.WhichOneof("value")
+    if kind is None:
+        return None
+    value = getattr(attr, kind)
+    return list(value.values) if kind in _LIST_KINDS else value
+
+
+def _find_attr(node: et_def_pb2.Node, name: str) -> et_def_pb2.AttributeProto | None:
+    return next((attr for attr in node.attr if attr.name == name), None)
+
+
+def attr_kind(node: et_def_pb2.Node, name: str) -> str | None:
+    """The oneof field holding attribute ``name`` (e.g. ``'int64_val'``), or None if unset."""
+    attr = _find_attr(node, name)
+    return attr.WhichOneof("value") if attr is not None else None
+
+
+def attr_value(node: et_def_pb2.Node, name: str) -> Any:
+    """The Python value of attribute ``name`` whatever its kind, or None if unset."""
+    attr = _find_attr(node, name)
+    return attribute_value(attr) if attr is not None else None

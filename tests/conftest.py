@@ -1,0 +1,58 @@
+"""Shared fixtures: run the real `flint` command in a subprocess, as a user would.
+
+Each extraction gets a fresh process because JAX fixes its virtual device count once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+MODELS = Path(__file__).resolve().parent / "models"
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def flint(*args: str, cwd: Path | None = None) -> Run:
+    done = subprocess.run(
+        [sys.executable, "-m", "flint", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def extract(model: Path, mesh: str, out: Path, *extra: str) -> dict:
+    """Run `flint extract --json` and return its summary; fail the test on a non-zero exit."""
+    run = flint("extract", model, "--mesh", mesh, "-o", out, "--json", *extra)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="session")
+def mlp_traces(tmp_path_factory):
+    """`examples/mlp.py` extracted once per mesh shape for the whole session."""
+    cache: dict[str, Path] = {}
+
+    def get(mesh: str) -> Path:
+        if mesh not in cache:
+            out = tmp_path_factory.mktemp("mlp") / "traces"
+            extract(EXAMPLES / "mlp.py", mesh, out)
+            cache[mesh] = out
+        return cache[mesh]
+
+    return get

@@ -1,0 +1,5 @@
+import jax
+
+
+def step(x):
+    return x

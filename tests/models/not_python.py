@@ -1,0 +1,2 @@
+def workload(mesh)
+    return None

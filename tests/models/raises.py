@@ -1,0 +1,3 @@
+import jax
+
+raise RuntimeError("model setup failed on purpose")

@@ -1,0 +1,90 @@
+"""Every bad input gives one line on stderr saying what and how to fix, a non-zero exit, no output."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import EXAMPLES, MODELS, flint
+
+
+def assert_refused(run, out, *words: str) -> None:
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("error: ")
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert not out.exists(), "nothing may be written on error"
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "staging left"
+
+
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        (MODELS / "missing.py", ("not found",)),
+        (MODELS / "README.txt", ("not found",)),
+        (MODELS / "not_python.py", ("not valid Python", "line 1")),
+        (MODELS / "raises.py", ("RuntimeError", "raises.py:3", "failed on purpose")),
+        (MODELS / "no_entry.py", ("workload(mesh)",)),
+        (MODELS / "indivisible.py", ("args[0]['w']", "dimension 0", "100", "data")),
+    ],
+    ids=["missing", "not-a-file", "not-python", "raises", "no-entry-point", "indivisible"],
+)
+def test_bad_model_file(tmp_path, model, words):
+    out = tmp_path / "out"
+    assert_refused(flint("extract", model, "--mesh", "8", "-o", out), out, *words)
+
+
+def test_not_a_python_file(tmp_path):
+    model = tmp_path / "model.txt"
+    model.write_text("x = 1\n")
+    out = tmp_path / "out"
+    assert_refused(flint("extract", model, "--mesh", "2", "-o", out), out, "not a Python file")
+
+
+@pytest.mark.parametrize("mesh", ["8x", "0x8", "-2", "axb", "data=4,data=2", "x=0"])
+def test_malformed_mesh(tmp_path, mesh):
+    out = tmp_path / "out"
+    assert_refused(flint("extract", EXAMPLES / "mlp.py", "--mesh", mesh, "-o", out), out, "--mesh")
+
+
+def test_mesh_larger_than_backend(tmp_path):
+    out = tmp_path / "out"
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "64x64", "-o", out)
+    assert_refused(run, out, "4096", "2048")
+
+
+def test_output_directory_not_empty(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2", "-o", out)
+    assert run.returncode != 0 and "--force" in run.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_force_replaces_output_directory(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2", "-o", out, "--force")
+    assert run.returncode == 0, run.stderr
+    assert not (out / "keep.txt").exists() and (out / "mlp.1.et").exists()
+
+
+def test_unknown_op_warns_once_and_strict_refuses(tmp_path):
+    out = tmp_path / "out"
+    run = flint("extract", MODELS / "no_cost_rule.py", "--mesh", "2", "-o", out)
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "no cost rule" in warnings[0]
+    strict = tmp_path / "strict"
+    assert_refused(
+        flint("extract", MODELS / "no_cost_rule.py", "--mesh", "2", "-o", strict, "--strict"),
+        strict,
+        "--strict",
+    )
+
+
+def test_debug_shows_traceback(tmp_path):
+    run = flint("--debug", "extract", MODELS / "raises.py", "--mesh", "2", "-o", tmp_path / "o")
+    assert run.returncode != 0 and "Traceback" in run.stderr
