@@ -71,6 +71,8 @@ def _format_summary(summary: dict) -> None:
     )
     stdout.print(f"  FLOPs per rank        {totals['flops']:,}")
     stdout.print(f"  bytes per rank        {totals['bytes']:,}")
+    if not summary["ranks_alike"]:
+        stdout.print("  (rank 0 shown; ranks differ in point-to-point traffic: see manifest.json)")
     for kind, coll in totals["collectives"].items():
         stdout.print(f"  {kind:<21} {coll['count']} per rank, {coll['bytes']:,} bytes")
     if not totals["collectives"]:
@@ -91,10 +93,13 @@ def _format_summary(summary: dict) -> None:
               help="Module to trace: right after SPMD partitioning, or fully optimised.")
 @click.option("--dump-ir", type=click.Path(path_type=Path), metavar="DIR",
               help="Also write the traced StableHLO module as text into DIR.")
+@click.option("--loop-trips", type=click.IntRange(min=0), metavar="N",
+              help="Unroll loops whose trip count is not static N times (default: refuse them).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--strict", is_flag=True, help="Fail on ops that have no cost rule instead of warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no progress bars).")
-def extract(model, mesh_spec, output, name, device_spec, stage, dump_ir, force, strict, as_json):
+def extract(model, mesh_spec, output, name, device_spec, stage, dump_ir, loop_trips, force, strict,
+            as_json):
     """Extract Chakra traces of the step defined in MODEL.
 
     MODEL is a Python file defining `workload(mesh)`, which returns `(step, args)`: the step function
@@ -116,6 +121,7 @@ def extract(model, mesh_spec, output, name, device_spec, stage, dump_ir, force, 
         stage=stage,
         dump_ir=dump_ir,
         strict=strict,
+        loop_trips=loop_trips,
         command=shlex.join(["flint", *sys.argv[1:]]),
     )
     with _progress(as_json) as bars:
@@ -133,7 +139,8 @@ def extract(model, mesh_spec, output, name, device_spec, stage, dump_ir, force, 
         "mesh": str(request.mesh),
         "output": str(request.output),
         "files": len(result.files),
-        "per_rank": result.totals.as_json(),
+        "per_rank": result.totals[0][1].as_json(),
+        "ranks_alike": len(result.totals) == 1,
         "seconds": round(time.perf_counter() - started, 3),
     }
     if as_json:

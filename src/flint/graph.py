@@ -1,12 +1,19 @@
-"""Stage 5: the workload graph of one rank, as a networkx DiGraph.
+"""Stage 5: the workload graph of one step, as a networkx DiGraph.
 
 Nodes are the ops that cost something: `compute` (FLOPs and bytes), `memory` (pure data movement,
-bytes) and `collective` (kind, bytes, rank groups). Free ops (constants, reshapes, tuple plumbing) are
-dropped and their consumers depend directly on whatever produced their inputs, so dependencies stay
-exact. Node keys are consecutive integers in program order, which is a topological order.
+bytes) and `collective` (kind, bytes, rank groups; `collective_permute` carries its source-target
+pairs instead). Free ops (constants, reshapes, tuple plumbing) are dropped and their consumers depend
+directly on whatever produced their inputs, so dependencies stay exact. Node keys are consecutive
+integers in program order, which is a topological order.
 
-All ranks run the same SPMD program, so one graph serves every rank; only the group a rank belongs to
-differs, and emission resolves that per rank.
+Control flow is resolved while building, so the graph is straight-line code:
+- `while` loops are unrolled by their static trip count (`flint.loops`), or by `loop_trips` when the
+  count is not static; iteration i+1 depends on iteration i through the carried values;
+- `case`/`if` take the most expensive branch (most FLOPs, then most bytes), the same on every rank;
+  the loop condition and the branch selector are not emitted (they are scalar bookkeeping).
+
+All ranks run the same SPMD program, so one graph serves every rank; emission resolves per rank the
+group of a collective and the peers of a permute.
 """
 
 from __future__ import annotations
@@ -18,14 +25,15 @@ import networkx as nx
 from flint import collectives
 from flint.costs import COLLECTIVE, FREE, cost_of
 from flint.errors import FlintError
-from flint.parse import FUSION, Op, Program, Region
+from flint.loops import trip_count
+from flint.parse import CONTROL_FLOW, Op, Program, Region
 
 NODE_KINDS = ("compute", "memory", "collective")
 
 
 @dataclass(frozen=True)
 class WorkloadGraph:
-    """One rank's graph, the rank count it was partitioned for, and op kinds that had no cost rule."""
+    """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule."""
 
     graph: nx.DiGraph
     num_ranks: int
@@ -36,59 +44,104 @@ class WorkloadGraph:
         return sorted(self.graph.nodes(data=True))
 
 
+def _static_cost(region: Region) -> tuple[int, int]:
+    """(FLOPs, bytes) of a region's ops with nested regions counted once: enough to rank branches."""
+    flops = nbytes = 0
+    for op in region.ops:
+        if op.opcode in CONTROL_FLOW:
+            for inner in op.regions:
+                f, b = _static_cost(inner)
+                flops, nbytes = flops + f, nbytes + b
+        else:
+            cost = cost_of(op)
+            flops, nbytes = flops + cost.flops, nbytes + cost.bytes
+    return flops, nbytes
+
+
 class _Builder:
-    def __init__(self, num_ranks: int):
+    def __init__(self, num_ranks: int, loop_trips: int | None):
         self.graph = nx.DiGraph()
         self.num_ranks = num_ranks
+        self.loop_trips = loop_trips
         self.producers: dict[int, frozenset[int]] = {}
+        self.constants: dict[int, int] = {}
         self.unknown: set[str] = set()
 
-    def deps(self, op: Op) -> frozenset[int]:
+    def deps(self, values) -> frozenset[int]:
         found: frozenset[int] = frozenset()
-        for value in op.operands:
+        for value in values:
             found |= self.producers.get(value, frozenset())
         return found
 
+    def bind(self, targets, sources) -> None:
+        """Make each target value stand for what produced the matching source value."""
+        bound = [self.producers.get(v, frozenset()) for v in sources]
+        for target, deps in zip(targets, bound):
+            self.producers[target] = deps
+
     def passthrough(self, op: Op) -> None:
-        deps = self.deps(op)
+        deps = self.deps(op.operands)
         for value in op.results:
             self.producers[value] = deps
 
     def add(self, op: Op, attributes: dict) -> None:
         node = self.graph.number_of_nodes()
         self.graph.add_node(node, name=op.name, op=op.opcode, **attributes)
-        for dep in sorted(self.deps(op)):
+        for dep in sorted(self.deps(op.operands)):
             self.graph.add_edge(dep, node)
         for value in op.results:
             self.producers[value] = frozenset((node,))
 
+    def unroll(self, loop: Op) -> None:
+        trips = trip_count(loop, self.constants)
+        if trips is None:
+            if self.loop_trips is None:
+                raise FlintError(
+                    f"loop {loop.name} has no static trip count: pass --loop-trips N to unroll it N times"
+                )
+            trips = self.loop_trips
+        _, body = loop.regions
+        self.bind(body.arguments, loop.operands)
+        for _ in range(trips):
+            self.region(body)
+            self.bind(body.arguments, body.results)
+        self.bind(loop.results, body.arguments)
+
+    def branch(self, op: Op) -> None:
+        chosen = max(op.regions, key=_static_cost)
+        self.region(chosen)
+        self.bind(op.results, chosen.results)
+
+    def collective(self, op: Op, cost) -> None:
+        attributes = dict(kind="collective", bytes=cost.bytes, flops=0, transcendentals=0)
+        if op.opcode == "collective_permute":
+            pairs = tuple((int(s), int(t)) for s, t in op.attrs["source_target_pairs"] if s != t)
+            if not pairs:
+                self.passthrough(op)
+                return
+            self.add(op, dict(attributes, collective=op.opcode, comm_bytes=collectives.comm_bytes(op), pairs=pairs))
+            return
+        info = collectives.describe(op, self.num_ranks)
+        if info.group_size <= 1:
+            self.passthrough(op)  # a collective over one rank moves nothing
+            return
+        self.add(op, dict(attributes, collective=info.kind, comm_bytes=info.comm_bytes, groups=info.groups))
+
     def region(self, region: Region) -> None:
         for op in region.ops:
-            if op.regions and op.opcode != FUSION:
-                raise FlintError(
-                    f"{op.opcode} ({op.name}) is control flow, which this version of Flint cannot "
-                    "unroll yet: rewrite the step without it"
-                )
+            if op.opcode == "while":
+                self.unroll(op)
+                continue
+            if op.opcode in ("case", "if"):
+                self.branch(op)
+                continue
             cost = cost_of(op)
             if cost.kind == FREE:
+                if "value" in op.attrs:
+                    self.constants[op.results[0]] = op.attrs["value"]
                 self.passthrough(op)
             elif cost.kind == COLLECTIVE:
-                info = collectives.describe(op, self.num_ranks)
-                if info.group_size <= 1:
-                    self.passthrough(op)  # a collective over one rank moves nothing
-                    continue
-                self.add(
-                    op,
-                    dict(
-                        kind="collective",
-                        collective=info.kind,
-                        comm_bytes=info.comm_bytes,
-                        groups=info.groups,
-                        bytes=cost.bytes,
-                        flops=0,
-                        transcendentals=0,
-                    ),
-                )
+                self.collective(op, cost)
             else:
                 if not cost.known:
                     self.unknown.add(op.opcode)
@@ -103,8 +156,8 @@ class _Builder:
                 )
 
 
-def build_graph(program: Program, num_ranks: int) -> WorkloadGraph:
-    """Turn the parsed program into the workload graph every rank runs."""
-    builder = _Builder(num_ranks)
+def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None) -> WorkloadGraph:
+    """Turn the parsed program into the straight-line workload graph every rank runs."""
+    builder = _Builder(num_ranks, loop_trips)
     builder.region(program.body)
     return WorkloadGraph(builder.graph, num_ranks, tuple(sorted(builder.unknown)))

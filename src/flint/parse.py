@@ -147,6 +147,12 @@ def _decode_attrs(opcode: str, op, meshes: dict[str, ModuleMesh]) -> dict[str, A
         out["kernel_spatial"] = tuple(dims.kernel_spatial_dimensions)
         out["kernel_input_feature"] = dims.kernel_input_feature_dimension
         out["feature_group_count"] = ir.IntegerAttr(attributes["feature_group_count"]).value
+    elif opcode == "constant":
+        value = ir.DenseElementsAttr(attributes["value"])
+        if value.is_splat and isinstance(value.type.element_type, ir.IntegerType) and not value.type.shape:
+            out["value"] = int(ir.IntegerAttr(value.get_splat_value()).value)
+    elif opcode == "compare":
+        out["direction"] = stablehlo.ComparisonDirectionAttr(attributes["comparison_direction"]).value
     elif opcode == "reduce_window":
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "select_and_scatter" and "window_dimensions" in attributes:

@@ -46,6 +46,7 @@ class ExtractRequest:
     stage: str = "partitioned"
     dump_ir: Path | None = None
     strict: bool = False
+    loop_trips: int | None = None
     command: str = ""
 
 
@@ -58,7 +59,7 @@ class Extraction:
     program: Program
     graph: WorkloadGraph
     groups: GroupTable
-    totals: RankTotals
+    totals: list[tuple[list[list[int]], RankTotals]]
     files: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -71,12 +72,11 @@ def _versions() -> dict[str, str]:
 
 
 def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> dict:
-    ranks = request.mesh.size
     return {
         "name": prefix,
         "model": extraction.workload.path.name,
         "mesh": {"shape": list(request.mesh.shape), "axis_names": list(request.mesh.axis_names)},
-        "ranks": ranks,
+        "ranks": request.mesh.size,
         "backend": "cpu",
         "stage": request.stage,
         "device": {
@@ -90,7 +90,9 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
             "comm_groups": f"{prefix}.comm_groups.json",
             "graph": f"{prefix}.graph.json",
         },
-        "rank_totals": [{"ranks": [[0, ranks - 1]], **extraction.totals.as_json()}],
+        "rank_totals": [
+            {"ranks": rank_ranges, **totals.as_json()} for rank_ranges, totals in extraction.totals
+        ],
         "command": request.command,
     }
 
@@ -157,7 +159,7 @@ def extract(request: ExtractRequest, progress: Progress | None = None) -> Extrac
         )
     program = parse_module(module)
     lap("parse")
-    graph = build_graph(program, request.mesh.size)
+    graph = build_graph(program, request.mesh.size, request.loop_trips)
     if graph.unknown_ops and request.strict:
         raise FlintError(
             f"no cost rule for {', '.join(graph.unknown_ops)} (--strict): drop --strict to emit "
