@@ -104,13 +104,14 @@ def _replica_groups(attr, meshes: dict[str, ModuleMesh]) -> np.ndarray:
 
     if stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attr):
         attr = stablehlo.ReplicaGroupMeshAxesAttr(attr)
-        refs = tuple(
-            AxisRef(
-                ref.name,
-                None if ref.sub_axis_info is None else (ref.sub_axis_info.pre_size, ref.sub_axis_info.size),
-            )
-            for ref in (stablehlo.AxisRefAttr(a) for a in attr.axes)
-        )
+        refs = []
+        for ref in (stablehlo.AxisRefAttr(a) for a in attr.axes):
+            sub = ref.sub_axis_info
+            if sub is not None:
+                sub = stablehlo.SubAxisInfoAttr(sub)
+                sub = (sub.pre_size, sub.size)
+            refs.append(AxisRef(ref.name, sub))
+        refs = tuple(refs)
         return mesh_axes_groups(meshes[ir.FlatSymbolRefAttr(attr.mesh).value], refs)
     return np.array(ir.DenseIntElementsAttr(attr), dtype=np.int64)
 

@@ -1,0 +1,76 @@
+"""Loops unrolled by their static trip count, conditionals, and permutes as per-rank SEND/RECV."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from conftest import MODELS, extract, flint
+
+from flint.schema import et_def_pb2 as pb
+from flint.trace.contract import check_traces
+from flint.trace.reader import attr_value, read_trace
+from models import loops
+
+
+def graph(directory, name):
+    return json.loads((directory / f"{name}.graph.json").read_text())
+
+
+def test_scan_fori_and_cond_unroll(tmp_path):
+    out = tmp_path / "t"
+    extract(MODELS / "loops.py", "2x2", out)
+    nodes = graph(out, "loops")["nodes"]
+    ops = Counter(n["op"] for n in nodes)
+    b, d_local = loops.BATCH // 2, loops.D // 2
+    # LAYERS scan steps + the cond's costlier branch each: all-gather the activation, one matmul.
+    assert ops["all_gather"] == loops.LAYERS + 1
+    dots = [n for n in nodes if n["op"] in ("dot", "dot_general")]
+    assert [n["flops"] for n in dots] == [2 * b * loops.D * d_local] * (loops.LAYERS + 1)
+    gathers = [n for n in nodes if n["op"] == "all_gather"]
+    assert {n["comm_bytes"] for n in gathers} == {b * d_local * 4}  # per-rank input, f32
+    # The nested fori_loop scales the activation OUTER * INNER times.
+    assert ops["multiply"] == loops.OUTER * loops.INNER
+    assert check_traces(out) == []
+
+
+def test_iteration_depends_on_the_previous_one(tmp_path):
+    out = tmp_path / "t"
+    extract(MODELS / "loops.py", "2x2", out)
+    data = graph(out, "loops")
+    by_id = {n["id"]: n for n in data["nodes"]}
+    preds = {n["id"]: set() for n in data["nodes"]}
+    for edge in data["edges"]:
+        preds[edge["target"]].add(edge["source"])
+    gathers = [n["id"] for n in data["nodes"] if n["op"] == "all_gather"][1 : loops.LAYERS]
+    for node in gathers:  # every scan step after the first gathers the previous step's tanh
+        assert {by_id[p]["op"] for p in preds[node]} == {"tanh"}
+
+
+def test_loop_without_static_trip_count(tmp_path):
+    out = tmp_path / "t"
+    run = flint("extract", MODELS / "dynamic_loop.py", "--mesh", "2", "-o", out)
+    assert run.returncode != 0 and "--loop-trips" in run.stderr and "while" in run.stderr
+    assert not out.exists()
+    extract(MODELS / "dynamic_loop.py", "2", out, "--loop-trips", "3")
+    nodes = graph(out, "dynamic_loop")["nodes"]
+    assert [n["op"] for n in nodes].count("exponential") == 3
+
+
+def test_permute_peers_sizes_and_tags(tmp_path):
+    out = tmp_path / "t"
+    extract(MODELS / "permute.py", "4", out)
+    block = 16 * 32 * 4  # per-rank f32 block of the model
+    sends, recvs = {}, {}
+    for rank in range(4):
+        for node in read_trace(out / f"permute.{rank}.et").nodes:
+            if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+                assert attr_value(node, "comm_size") == block
+                key = (attr_value(node, "comm_src"), attr_value(node, "comm_dst"))
+                (sends if node.type == pb.COMM_SEND_NODE else recvs).setdefault(rank, []).append(key)
+    ring = [(r, (r + 1) % 4) for r in range(4)]
+    half = [(0, 1), (2, 3)]
+    for rank in range(4):
+        assert sorted(sends[rank]) == sorted(p for p in ring + half if p[0] == rank)
+        assert sorted(recvs[rank]) == sorted(p for p in ring + half if p[1] == rank)
+    assert check_traces(out) == []  # every send matched by a receive with equal size and tag

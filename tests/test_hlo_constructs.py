@@ -1,0 +1,243 @@
+"""Replica-group encodings, collective sizes and cost rules, from small hand-written modules.
+
+Each module is written the way XLA prints it after SPMD partitioning, converted to StableHLO by
+jaxlib exactly as the partition stage does, then parsed and turned into a graph. Expected values are
+worked out from the shapes in the text.
+"""
+
+from __future__ import annotations
+
+import jaxlib._hlo as hlo
+import pytest
+from jax._src.lib import _jax
+
+from flint.graph import build_graph
+from flint.parse import parse_module
+from flint.partition import PartitionedModule
+
+ADD = """
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+"""
+
+
+def graph_of(entry: str, ranks: int = 8, computations: str = ADD):
+    text = f"HloModule m, num_partitions={ranks}\n{computations}\nENTRY main {{\n{entry}\n}}\n"
+    proto = hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    module = PartitionedModule("partitioned", bytes(_jax.mlir.hlo_to_stablehlo(proto)), ranks, 0.0, 0.0)
+    return build_graph(parse_module(module), ranks)
+
+
+def only_node(graph):
+    nodes = graph.nodes()
+    assert len(nodes) == 1, nodes
+    return nodes[0][1]
+
+
+def all_reduce(groups: str, extra: str = ", channel_id=1, use_global_device_ids=true") -> str:
+    return (
+        "  p = f32[16,4] parameter(0)\n"
+        f"  ROOT r = f32[16,4] all-reduce(p), replica_groups={groups}{extra}, to_apply=add"
+    )
+
+
+@pytest.mark.parametrize(
+    "groups, expected",
+    [
+        ("{{0,1,2,3},{4,5,6,7}}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+        ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
+        # iota over [2,4], transposed: column j of [[0..3],[4..7]] is a group.
+        ("[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ],
+    ids=["explicit", "iota", "iota-transposed"],
+)
+def test_flattened_id_encodings(groups, expected):
+    node = only_node(graph_of(all_reduce(groups)))
+    assert node["groups"] == expected
+    assert node["comm_bytes"] == 16 * 4 * 4
+
+
+def test_cross_partition_ids_are_ranks():
+    """A channel without use_global_device_ids: ids are partition ids, which are ranks here."""
+    node = only_node(graph_of(all_reduce("{{0,2},{1,3}}", ", channel_id=1"), ranks=4))
+    assert node["groups"] == ((0, 2), (1, 3))
+
+
+def test_empty_groups_mean_every_rank():
+    node = only_node(graph_of(all_reduce("{}", ", channel_id=1")))
+    assert node["groups"] == (tuple(range(8)),)
+
+
+def test_cross_replica_over_one_replica_moves_nothing():
+    """No channel: groups of replica ids; with one replica every group is one rank -> no node."""
+    assert graph_of(all_reduce("{{0}}", ""), ranks=4).graph.number_of_nodes() == 0
+
+
+def test_singleton_groups_are_left_out():
+    groups = "{{0},{1},{2},{3},{4},{5},{6},{7}}"
+    assert graph_of(all_reduce(groups)).graph.number_of_nodes() == 0
+
+
+MESH_AXES = """
+module @m {
+  sdy.mesh @mesh = <["a"=2, "b"=4]>
+  func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
+    %0 = "stablehlo.all_reduce"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
+        replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh, axes = AXES>,
+        use_global_device_ids}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<8xf32>) -> tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "axes, expected",
+    [
+        # Rank = 4a + b on the module's [2, 4] mesh.
+        ('[#stablehlo.axis_ref<name = "a">]', ((0, 4), (1, 5), (2, 6), (3, 7))),
+        ('[#stablehlo.axis_ref<name = "b">]', ((0, 1, 2, 3), (4, 5, 6, 7))),
+        # "b":(2)2 is the minor half of b viewed as [2, 2]: b in {0, 1} or {2, 3} with the major fixed.
+        (
+            '[#stablehlo.axis_ref<name = "b", sub_axis_info = (2)2>]',
+            ((0, 1), (2, 3), (4, 5), (6, 7)),
+        ),
+        # "b":(1)2 is the major half: b in {0, 2} or {1, 3}.
+        (
+            '[#stablehlo.axis_ref<name = "b", sub_axis_info = (1)2>]',
+            ((0, 2), (1, 3), (4, 6), (5, 7)),
+        ),
+    ],
+    ids=["axis-a", "axis-b", "minor-sub-axis", "major-sub-axis"],
+)
+def test_mesh_axes_encoding(axes, expected):
+    text = MESH_AXES.replace("AXES", axes)
+    module = PartitionedModule("partitioned", text.encode(), 8, 0.0, 0.0)
+    node = only_node(build_graph(parse_module(module), 8))
+    assert node["groups"] == expected
+
+
+@pytest.mark.parametrize(
+    "entry, kind, comm_bytes",
+    [
+        # All-gather: comm_size is the per-rank input, f32[8,4] = 128 bytes.
+        (
+            "  p = f32[8,4] parameter(0)\n  ROOT g = f32[32,4] all-gather(p), channel_id=1, "
+            "replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}, use_global_device_ids=true",
+            "all_gather",
+            8 * 4 * 4,
+        ),
+        # Reduce-scatter: comm_size is the full input buffer, bf16[32,4] = 256 bytes.
+        (
+            "  p = bf16[32,4] parameter(0)\n  ROOT r = bf16[8,4] reduce-scatter(p), channel_id=1, "
+            "replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}, use_global_device_ids=true, "
+            "to_apply=addbf",
+            "reduce_scatter",
+            32 * 4 * 2,
+        ),
+        # All-to-all: comm_size is the per-rank buffer, f32[8,16] = 512 bytes.
+        (
+            "  p = f32[8,16] parameter(0)\n  ROOT a = f32[8,16] all-to-all(p), channel_id=1, "
+            "replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}",
+            "all_to_all",
+            8 * 16 * 4,
+        ),
+        # Variadic all-reduce: one node for both operands, f32[4] + f32[8] = 48 bytes.
+        (
+            "  p = f32[4] parameter(0)\n  q = f32[8] parameter(1)\n"
+            "  ROOT r = (f32[4], f32[8]) all-reduce(p, q), channel_id=1, "
+            "replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=add",
+            "all_reduce",
+            (4 + 8) * 4,
+        ),
+    ],
+    ids=["all-gather", "reduce-scatter", "all-to-all", "variadic-all-reduce"],
+)
+def test_collective_sizes(entry, kind, comm_bytes):
+    computations = ADD + ADD.replace("add {", "addbf {").replace("f32", "bf16")
+    node = only_node(graph_of(entry, computations=computations))
+    assert (node["collective"], node["comm_bytes"]) == (kind, comm_bytes)
+    assert node["groups"] in (((0, 1, 2, 3), (4, 5, 6, 7)), (tuple(range(8)),))
+
+
+def test_collective_permute_pairs_and_self_pairs():
+    entry = (
+        "  p = f32[4] parameter(0)\n"
+        "  ROOT c = f32[4] collective-permute(p), channel_id=1, source_target_pairs={{0,1},{1,0},{2,2}}"
+    )
+    node = only_node(graph_of(entry, ranks=4))
+    assert node["pairs"] == ((0, 1), (1, 0))  # (2, 2) keeps data on its rank: nothing moves
+    assert node["comm_bytes"] == 16
+
+
+@pytest.mark.parametrize(
+    "entry, flops, transcendentals, nbytes",
+    [
+        # Batched matmul: 2 * batch 4 * M 8 * N 32 * K 16; bytes (4*8*16 + 4*16*32 + 4*8*32) * 2.
+        (
+            "  a = bf16[4,8,16] parameter(0)\n  b = bf16[4,16,32] parameter(1)\n"
+            "  ROOT d = bf16[4,8,32] dot(a, b), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+            "rhs_batch_dims={0}, rhs_contracting_dims={1}",
+            2 * 4 * 8 * 32 * 16,
+            0,
+            (4 * 8 * 16 + 4 * 16 * 32 + 4 * 8 * 32) * 2,
+        ),
+        # Convolution: 2 * output elements (1*6*6*8) * window 3*3 * input features per group 4.
+        (
+            "  x = f32[1,8,8,4] parameter(0)\n  k = f32[3,3,4,8] parameter(1)\n"
+            "  ROOT c = f32[1,6,6,8] convolution(x, k), window={size=3x3}, dim_labels=b01f_01io->b01f",
+            2 * (6 * 6 * 8) * 9 * 4,
+            0,
+            (8 * 8 * 4 + 3 * 3 * 4 * 8 + 6 * 6 * 8) * 4,
+        ),
+        # Grouped convolution, 2 groups: kernel input features are already per group (2).
+        (
+            "  x = f32[1,8,8,4] parameter(0)\n  k = f32[3,3,2,8] parameter(1)\n"
+            "  ROOT c = f32[1,6,6,8] convolution(x, k), window={size=3x3}, dim_labels=b01f_01io->b01f, "
+            "feature_group_count=2",
+            2 * (6 * 6 * 8) * 9 * 2,
+            0,
+            (8 * 8 * 4 + 3 * 3 * 2 * 8 + 6 * 6 * 8) * 4,
+        ),
+        # Transcendental elementwise: 1 FLOP and 1 transcendental per element.
+        ("  x = f32[64] parameter(0)\n  ROOT e = f32[64] exponential(x)", 64, 64, 64 * 4 * 2),
+        # Reduce of 8x16 over dim 1 with an add body: (128 - 8) * 1 op.
+        (
+            "  x = f32[8,16] parameter(0)\n  z = f32[] constant(0)\n"
+            "  ROOT r = f32[8] reduce(x, z), dimensions={1}, to_apply=add",
+            128 - 8,
+            0,
+            (128 + 1 + 8) * 4,
+        ),
+        # Pred takes a byte per element; the compare is 1 FLOP per element.
+        (
+            "  a = f32[32] parameter(0)\n  b = f32[32] parameter(1)\n"
+            "  ROOT c = pred[32] compare(a, b), direction=LT",
+            32,
+            0,
+            32 * 4 * 2 + 32,
+        ),
+    ],
+    ids=["batched-dot", "convolution", "grouped-convolution", "exp", "reduce", "pred-bytes"],
+)
+def test_cost_rules(entry, flops, transcendentals, nbytes):
+    node = only_node(graph_of(entry, ranks=1))
+    assert (node["flops"], node["transcendentals"], node["bytes"]) == (flops, transcendentals, nbytes)
+
+
+def test_free_ops_are_not_nodes_and_keep_dependencies():
+    entry = (
+        "  a = f32[4,8] parameter(0)\n  e = f32[4,8] exponential(a)\n"
+        "  r = f32[32] reshape(e)\n  c = f32[32] constant({...})\n"
+        "  ROOT m = f32[32] multiply(r, r)"
+    ).replace("  c = f32[32] constant({...})\n", "")
+    graph = graph_of(entry, ranks=1)
+    assert [data["op"] for _, data in graph.nodes()] == ["exponential", "multiply"]
+    assert list(graph.graph.edges) == [(0, 1)]  # the reshape is bypassed, the dependency kept
