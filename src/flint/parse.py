@@ -97,12 +97,18 @@ def _ints(attr) -> tuple[int, ...]:
     return tuple(int(x) for x in attr)
 
 
-def _replica_groups(attr, meshes: dict[str, ModuleMesh]) -> np.ndarray:
-    """Explicit `[groups, size]` ids from either encoding XLA writes: a dense list or mesh axes."""
+def _replica_groups(attr, channel: int | None, context: "_Walker") -> np.ndarray:
+    """Explicit `[groups, size]` ids from either encoding XLA writes: a dense list or mesh axes.
+
+    Mesh-axes groups come from the partition stage's HLO-side table when it has the channel, since
+    the StableHLO mesh has lost any device order of its own.
+    """
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo
 
     if stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attr):
+        if channel in context.groups_by_channel:
+            return context.groups_by_channel[channel]
         attr = stablehlo.ReplicaGroupMeshAxesAttr(attr)
         refs = []
         for ref in (stablehlo.AxisRefAttr(a) for a in attr.axes):
@@ -112,7 +118,7 @@ def _replica_groups(attr, meshes: dict[str, ModuleMesh]) -> np.ndarray:
                 sub = (sub.pre_size, sub.size)
             refs.append(AxisRef(ref.name, sub))
         refs = tuple(refs)
-        return mesh_axes_groups(meshes[ir.FlatSymbolRefAttr(attr.mesh).value], refs)
+        return mesh_axes_groups(context.meshes[ir.FlatSymbolRefAttr(attr.mesh).value], refs)
     return np.array(ir.DenseIntElementsAttr(attr), dtype=np.int64)
 
 
@@ -132,7 +138,7 @@ def _module_meshes(module) -> dict[str, ModuleMesh]:
     return meshes
 
 
-def _decode_attrs(opcode: str, op, meshes: dict[str, ModuleMesh]) -> dict[str, Any]:
+def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
     """The attributes cost rules and collective resolution need, as plain Python values."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo
@@ -158,10 +164,10 @@ def _decode_attrs(opcode: str, op, meshes: dict[str, ModuleMesh]) -> dict[str, A
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "select_and_scatter" and "window_dimensions" in attributes:
         out["window"] = _ints(attributes["window_dimensions"])
-    if "replica_groups" in attributes:
-        out["replica_groups"] = _replica_groups(attributes["replica_groups"], meshes)
     if "channel_handle" in attributes:
         out["channel_id"] = stablehlo.ChannelHandle(attributes["channel_handle"]).handle
+    if "replica_groups" in attributes:
+        out["replica_groups"] = _replica_groups(attributes["replica_groups"], out.get("channel_id"), context)
     if "use_global_device_ids" in attributes:
         out["use_global_device_ids"] = True
     if "source_target_pairs" in attributes:
@@ -182,9 +188,10 @@ def _op_name(op, opcode: str) -> str:
 class _Walker:
     """Assigns a fresh integer id to every value, inlining calls as it meets them."""
 
-    def __init__(self, functions: dict[str, Any], meshes: dict[str, ModuleMesh]):
+    def __init__(self, functions: dict[str, Any], meshes: dict[str, ModuleMesh], groups_by_channel):
         self.functions = functions
         self.meshes = meshes
+        self.groups_by_channel = groups_by_channel
         self.next_id = 0
         self.inline_depth = 0
 
@@ -227,7 +234,7 @@ class _Walker:
 
     def op(self, op, opcode: str, env: dict) -> Op:
         operands = tuple(env[v] for v in op.operands)
-        attrs = _decode_attrs(opcode, op, self.meshes)
+        attrs = _decode_attrs(opcode, op, self)
         regions: tuple[Region, ...] = ()
         if opcode in CONTROL_FLOW or opcode == FUSION:
             regions = tuple(self.region(r.blocks[0], dict(env)) for r in op.regions)
@@ -267,7 +274,7 @@ def parse_module(module: PartitionedModule) -> Program:
             if f.operation.name == "func.func"
         }
         main = functions["main"]
-        walker = _Walker(functions, _module_meshes(parsed))
+        walker = _Walker(functions, _module_meshes(parsed), module.groups_by_channel)
         block = main.regions[0].blocks[0]
         body = walker.region(block, {})
         input_types = tuple(_tensor_type(a.type) for a in block.arguments)

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
 
 from flint.errors import FlintError
 from flint.frontend import Workload
+from flint.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 
 STAGES = ("partitioned", "optimized")
 _DUMP_FILE = {
@@ -25,13 +30,18 @@ _DUMP_FILE = {
 
 @dataclass(frozen=True)
 class PartitionedModule:
-    """The compiler's per-rank program as StableHLO bytecode, plus how long it took to get it."""
+    """The compiler's per-rank program as StableHLO bytecode, plus how long it took to get it.
+
+    `groups_by_channel` holds the explicit groups of collectives that XLA wrote in its mesh-axes form
+    with a device order of its own, which the conversion to StableHLO loses (keyed by channel id).
+    """
 
     stage: str
     stablehlo: bytes
     num_partitions: int
     lower_seconds: float
     compile_seconds: float
+    groups_by_channel: Mapping[int, np.ndarray] = field(default_factory=lambda: MappingProxyType({}))
 
     def text(self) -> str:
         """Readable StableHLO, for `--dump-ir`."""
@@ -57,6 +67,35 @@ def _hlo_module_proto(dump: Path, stage: str) -> bytes:
     if len(found) != 1:
         raise RuntimeError(f"expected one {stage} module in the XLA dump, found {len(found)}")
     return HloProtoEnvelope.FromString(found[0].read_bytes()).hlo_module
+
+
+def mesh_axes_groups_by_channel(module_proto: bytes) -> dict[int, np.ndarray]:
+    """Explicit groups of every mesh-axes collective of an `HloModuleProto`, by channel id."""
+    from flint.schema.hlo_envelope_pb2 import HloModuleCollectives
+
+    found: dict[int, np.ndarray] = {}
+    for computation in HloModuleCollectives.FromString(module_proto).computations:
+        for instruction in computation.instructions:
+            if not instruction.HasField("mesh_axes_replica_groups") or instruction.channel_id <= 0:
+                continue
+            groups = instruction.mesh_axes_replica_groups
+            axes = tuple((axis.name, axis.size) for axis in groups.mesh.axes)
+            iota = groups.mesh.iota_device_ids
+            device_ids = None
+            if iota.reshape_dims:
+                ids = np.arange(int(np.prod(iota.reshape_dims))).reshape(tuple(iota.reshape_dims))
+                device_ids = tuple(int(i) for i in ids.transpose(tuple(iota.transpose_perm) or None).flat)
+            refs = tuple(
+                AxisRef(
+                    axes[ref.mesh_axis_index][0],
+                    (ref.sub_axis_info.pre_size, ref.sub_axis_info.size)
+                    if ref.HasField("sub_axis_info")
+                    else None,
+                )
+                for ref in groups.axes
+            )
+            found[instruction.channel_id] = mesh_axes_groups(ModuleMesh(axes, device_ids), refs)
+    return found
 
 
 def partition(workload: Workload, mesh, stage: str = "partitioned") -> PartitionedModule:
@@ -98,4 +137,5 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         num_partitions=mesh.size,
         lower_seconds=lowered_at - start,
         compile_seconds=compiled_at - lowered_at,
+        groups_by_channel=MappingProxyType(mesh_axes_groups_by_channel(module_proto)),
     )
