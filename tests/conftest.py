@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from flint.schema import et_def_pb2 as pb
+from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
@@ -56,3 +59,19 @@ def mlp_traces(tmp_path_factory):
         return cache[mesh]
 
     return get
+
+
+def matmuls_and_collectives(directory: Path, rank: int):
+    """(matmul FLOPs, sorted [(comm_type, comm_size, group ranks)]) of one rank's trace, as read back."""
+    prefix, _ = find_traces(directory)
+    groups = read_comm_groups(directory / f"{prefix}.comm_groups.json")
+    trace = read_trace(directory / f"{prefix}.{rank}.et")
+    flops = sum(
+        attr_value(n, "num_ops") for n in trace.nodes if attr_value(n, "op") in ("dot", "dot_general")
+    )
+    collectives = sorted(
+        (attr_value(n, "comm_type"), attr_value(n, "comm_size"), tuple(groups[int(attr_value(n, "pg_name"))]))
+        for n in trace.nodes
+        if n.type == pb.COMM_COLL_NODE
+    )
+    return flops, collectives

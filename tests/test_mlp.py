@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections import Counter
 
 import pytest
-from conftest import EXAMPLES
+from conftest import EXAMPLES, matmuls_and_collectives
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
-from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
+from flint.trace.reader import attr_value, read_comm_groups, read_trace
 
 _spec = importlib.util.spec_from_file_location("mlp_example", EXAMPLES / "mlp.py")
 mlp = importlib.util.module_from_spec(_spec)
@@ -49,21 +48,6 @@ def expected(dp_axes: tuple[int, ...], tp: int, rank: int):
     return flops, sorted(colls)
 
 
-def observed(directory, rank: int):
-    prefix, _ = find_traces(directory)
-    groups = read_comm_groups(directory / f"{prefix}.comm_groups.json")
-    trace = read_trace(directory / f"{prefix}.{rank}.et")
-    flops = sum(
-        attr_value(n, "num_ops") for n in trace.nodes if attr_value(n, "op") in ("dot", "dot_general")
-    )
-    colls = sorted(
-        (attr_value(n, "comm_type"), attr_value(n, "comm_size"), groups[int(attr_value(n, "pg_name"))])
-        for n in trace.nodes
-        if n.type == pb.COMM_COLL_NODE
-    )
-    return flops, colls
-
-
 @pytest.mark.parametrize(
     "mesh, dp_axes, tp",
     [("8x8", (8,), 8), ("2x4", (2,), 4), ("2x2x2", (2, 2), 2), ("4", (4,), 1)],
@@ -74,7 +58,7 @@ def test_every_rank_matches_hand_derivation(mlp_traces, mesh, dp_axes, tp):
     for size in dp_axes:
         ranks *= size
     for rank in range(ranks):
-        assert observed(directory, rank) == expected(dp_axes, tp, rank), f"rank {rank}"
+        assert matmuls_and_collectives(directory, rank) == expected(dp_axes, tp, rank), f"rank {rank}"
 
 
 @pytest.mark.parametrize("mesh", ["8x8", "2x2x2"])

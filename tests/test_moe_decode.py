@@ -19,11 +19,11 @@ import math
 
 import numpy as np
 import pytest
-from conftest import EXAMPLES, extract
+from conftest import EXAMPLES, extract, matmuls_and_collectives
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
-from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
+from flint.trace.reader import attr_value, read_comm_groups, read_trace
 
 BF16, F32, I32 = 2, 4, 4
 
@@ -66,26 +66,6 @@ def group_over(shape: tuple[int, ...], rank: int, axes: tuple[int, ...]) -> tupl
         for r in range(math.prod(shape))
         if all(np.unravel_index(r, shape)[a] == coords[a] for a in kept)
     )
-
-
-def observed(directory, rank: int):
-    """(matmul FLOPs, sorted [(comm_type, comm_size, group ranks)]) of one rank's trace."""
-    prefix, _ = find_traces(directory)
-    groups = read_comm_groups(directory / f"{prefix}.comm_groups.json")
-    trace = read_trace(directory / f"{prefix}.{rank}.et")
-    flops = sum(
-        attr_value(n, "num_ops") for n in trace.nodes if attr_value(n, "op") in ("dot", "dot_general")
-    )
-    colls = sorted(
-        (
-            attr_value(n, "comm_type"),
-            attr_value(n, "comm_size"),
-            tuple(groups[int(attr_value(n, "pg_name"))]),
-        )
-        for n in trace.nodes
-        if n.type == pb.COMM_COLL_NODE
-    )
-    return flops, colls
 
 
 def totals_of(colls) -> dict:
@@ -146,7 +126,7 @@ def test_moe_every_rank_matches_hand_derivation(traces, mesh):
     directory, summary = traces("moe", mesh)
     shape = shape_of(mesh)
     for rank in range(math.prod(shape)):
-        assert observed(directory, rank) == moe_expected(shape, rank), f"rank {rank}"
+        assert matmuls_and_collectives(directory, rank) == moe_expected(shape, rank), f"rank {rank}"
     assert summary["per_rank"]["collectives"] == totals_of(moe_expected(shape, 0)[1])
     assert check_traces(directory) == []
 
@@ -203,7 +183,7 @@ def test_decode_every_rank_matches_hand_derivation(traces, mesh):
     directory, summary = traces("decode", mesh)
     shape = shape_of(mesh)
     for rank in range(math.prod(shape)):
-        assert observed(directory, rank) == decode_expected(shape, rank), f"rank {rank}"
+        assert matmuls_and_collectives(directory, rank) == decode_expected(shape, rank), f"rank {rank}"
     assert summary["per_rank"]["collectives"] == totals_of(decode_expected(shape, 0)[1])
     assert check_traces(directory) == []
 
