@@ -28,9 +28,6 @@ from flint.errors import FlintError
 from flint.loops import trip_count
 from flint.parse import CONTROL_FLOW, Op, Program, Region
 
-NODE_KINDS = ("compute", "memory", "collective")
-
-
 @dataclass(frozen=True)
 class WorkloadGraph:
     """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule."""

@@ -38,9 +38,6 @@ class OutputDir:
     def path(self, name: str) -> Path:
         return self.staging / name
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        self.path(name).write_bytes(data)
-
     def write_text(self, name: str, text: str) -> None:
         self.path(name).write_text(text, encoding="utf-8")
 
