@@ -28,6 +28,7 @@ from flint.errors import FlintError
 from flint.loops import trip_count
 from flint.parse import CONTROL_FLOW, Op, Program, Region
 
+
 @dataclass(frozen=True)
 class WorkloadGraph:
     """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule."""
@@ -116,13 +117,15 @@ class _Builder:
             if not pairs:
                 self.passthrough(op)
                 return
-            self.add(op, dict(attributes, collective=op.opcode, comm_bytes=collectives.comm_bytes(op), pairs=pairs))
+            comm = dict(collective=op.opcode, comm_bytes=collectives.comm_bytes(op), pairs=pairs)
+            self.add(op, attributes | comm)
             return
         info = collectives.describe(op, self.num_ranks)
         if info.group_size <= 1:
             self.passthrough(op)  # a collective over one rank moves nothing
             return
-        self.add(op, dict(attributes, collective=info.kind, comm_bytes=info.comm_bytes, groups=info.groups))
+        comm = dict(collective=info.kind, comm_bytes=info.comm_bytes, groups=info.groups)
+        self.add(op, attributes | comm)
 
     def region(self, region: Region) -> None:
         for op in region.ops:

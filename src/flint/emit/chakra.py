@@ -166,18 +166,18 @@ class ChakraEmitter:
                 yield self._cached((node_id, deps), lambda: self._compute(node_id, data, deps))
             elif node_id in self._recv_id:
                 targets, sources = self._peers[node_id]
-                here: list[int] = []
+                recv_id = self._recv_id[node_id]
+                stands_for[node_id] = deps  # a rank outside the pairs does nothing here
                 if rank in targets:
-                    here.append(node_id)
+                    stands_for[node_id] = (node_id,)
                     yield self._point_to_point(
                         node_id, data, deps, pb.COMM_SEND_NODE, rank, targets[rank], node_id
                     )
                 if rank in sources:
-                    here = [self._recv_id[node_id]]
+                    stands_for[node_id] = (recv_id,)  # the data has arrived: what dependents wait for
                     yield self._point_to_point(
-                        self._recv_id[node_id], data, deps, pb.COMM_RECV_NODE, sources[rank], rank, node_id
+                        recv_id, data, deps, pb.COMM_RECV_NODE, sources[rank], rank, node_id
                     )
-                stands_for[node_id] = tuple(here) or deps
             else:
                 group_id = int(self.groups.group_of(data["groups"], self.graph.num_ranks)[rank])
                 if group_id == 0:
