@@ -24,10 +24,10 @@ Expected collectives per rank and step, on top of all of gpt.py's (which stay as
   final layernorm and the head; in backward, each layer trip gathers again what the input gradients
   need (w_out, w_in, wo, wq, wk, wv and the two layernorm scales), since the backward loop receives
   the stacked shards, not the forward's gathered copies;
-- the gradients: ZeRO's reduce-scatter. In the partitioned module XLA writes it as gpt.py's
-  all-reduce of the full (TP-local) gradient over the data group followed by a dynamic-slice to the
-  rank's shard; the pass that fuses the pair into a reduce-scatter runs later (and not in the CPU
-  pipeline), so the trace shows all-reduces of the same sizes as gpt.py's.
+- the gradients: ZeRO's reduce-scatter over the data group, one per gradient gpt.py all-reduces
+  there, at the same comm_size (a reduce-scatter's is its full input). XLA's partitioner writes each
+  as an all-reduce followed by a dynamic-slice to the rank's shard; Flint fuses the pair, as the GPU
+  and TPU compilers do (the CPU pipeline never does).
 
 The AdamW update is then purely local on the shards.
 

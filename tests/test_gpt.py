@@ -45,8 +45,8 @@ gpt = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpt)
 
 BF16, F32 = 2, 4
-AR, AG = pb.ALL_REDUCE, pb.ALL_GATHER
-KIND_NAME = {pb.ALL_REDUCE: "all_reduce", pb.ALL_GATHER: "all_gather"}
+AR, AG, RS = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER
+KIND_NAME = {AR: "all_reduce", AG: "all_gather", RS: "reduce_scatter"}
 
 # (model, mesh) pairs extracted. FSDP is checked on 2x4 only: whether the head's backward matmul reuses
 # the forward's gathered copy is the partitioner's choice (on 4x2 it reshards the head along another
@@ -155,7 +155,7 @@ def gpt_collectives(m: Dims, rank: int) -> list[tuple[int, int, tuple[int, ...]]
 
 
 def fsdp_collectives(m: Dims, rank: int) -> list[tuple[int, int, tuple[int, ...]]]:
-    """gpt.py's collectives, plus the FSDP all-gathers; the gradient reductions are unchanged.
+    """gpt.py's collectives, plus the FSDP all-gathers, with the gradient all-reduces as reduce-scatters.
 
     All-gathers over the data group (comm_size: the per-rank input, i.e. the shard):
       - forward: the embedding table [v, Dd] bf16, pinned by the lookup's sharding constraint; per
@@ -169,15 +169,17 @@ def fsdp_collectives(m: Dims, rank: int) -> list[tuple[int, int, tuple[int, ...]
         gathered again for the same reason (JAX re-broadcasts it for the backward multiply and the
         partitioner gathers per broadcast), while the head's backward matmul reads the very
         parameter value the forward one read and the partitioner reuses its gathered copy (on 2x4).
-    Gradient reductions: XLA's SPMD partitioner writes ZeRO's reduce-scatter as an all-reduce of the
-      full (TP-local) gradient over the data group followed by a dynamic-slice to the rank's shard (the
-      pass that fuses the pair into a reduce-scatter runs later, and not in the CPU pipeline), so the
-      data-group all-reduces are gpt.py's, byte for byte; Chakra's comm_size for a reduce-scatter
-      (the full input) would be the same number.
+    Gradient reductions: ZeRO's reduce-scatter over the data group, one for every gradient gpt.py
+      all-reduces there, at the same comm_size (a reduce-scatter's is its full input: the TP-local
+      gradient). The partitioner writes each as an all-reduce and a dynamic-slice to the rank's shard,
+      which Flint fuses as the GPU and TPU compilers do. The f32 scalar loss stays an all-reduce.
     """
     k, L = gpt.D_HEAD, gpt.LAYERS
     G = m.data_group(rank)
-    colls = gpt_collectives(m, rank)
+    colls = [
+        (RS, size, group) if group == G and size > F32 else (kind, size, group)
+        for kind, size, group in gpt_collectives(m, rank)
+    ]
     ln, attn, mlp = m.dd * F32, m.dd * m.h * k * BF16, m.dd * m.f * BF16
     gathers = [m.v * m.dd * BF16]  # embedding table
     gathers += ([ln] * 4 + [attn] * 4 + [mlp] * 2) * L  # forward layers

@@ -388,3 +388,47 @@ def test_broadcast_is_replayed_from_a_chain_duration():
     assert attr_value(message, "comm_type") == pb.BROADCAST
     assert attr_value(message, "comm_size") == 128
     assert message.duration_micros == 16
+
+
+def sliced_all_reduce(table: str, slice_sizes: str = "{8,4}", offsets: str = "o, z") -> str:
+    """An all-reduce over pairs {0,1},{2,3} of 4 ranks, then a slice at a partition-id table offset,
+    the way the partitioner writes a reduce-scatter."""
+    return (
+        "  p = f32[16,4] parameter(0)\n"
+        "  r = f32[16,4] all-reduce(p), replica_groups={{0,1},{2,3}}, channel_id=1, "
+        "use_global_device_ids=true, to_apply=add\n"
+        "  c = f32[16,4] copy(r)\n"
+        f"  t = s32[4] constant({table})\n"
+        "  id = u32[] partition-id()\n"
+        "  e = s32[1] dynamic-slice(t, id), dynamic_slice_sizes={1}\n"
+        "  o = s32[] reshape(e)\n"
+        "  z = s32[] constant(0)\n"
+        f"  ROOT s = f32{slice_sizes.replace('{', '[').replace('}', ']')} dynamic-slice(c, {offsets}), "
+        f"dynamic_slice_sizes={slice_sizes}"
+    )
+
+
+def test_all_reduce_then_own_slice_is_a_reduce_scatter():
+    """Ranks 0 and 2 keep rows 8..15, ranks 1 and 3 rows 0..7: each pair splits the sum in two."""
+    nodes = [data for _, data in graph_of(sliced_all_reduce("{8, 0, 8, 0}"), ranks=4).nodes()]
+    assert [data["name"] for data in nodes] == ["r", "e"]  # the copy and the slice are the collective's
+    node = nodes[0]
+    assert (node["op"], node["collective"]) == ("reduce_scatter", "reduce_scatter")
+    assert node["groups"] == ((0, 1), (2, 3))
+    assert node["comm_bytes"] == 16 * 4 * 4  # comm_size of a reduce-scatter: its full input
+    assert node["bytes"] == 16 * 4 * 4 + 8 * 4 * 4  # reads the input, writes the rank's piece
+
+
+@pytest.mark.parametrize(
+    "table, slice_sizes, offsets",
+    [
+        ("{0, 0, 8, 8}", "{8,4}", "o, z"),  # both ranks of a pair keep the same rows
+        ("{0, 8, 0, 8}", "{8,2}", "o, z"),  # cuts two dimensions
+        ("{0, 4, 8, 12}", "{4,4}", "o, z"),  # quarters over pairs
+        ("{8, 0, 8, 0}", "{8,4}", "o, o"),  # the kept dimension is offset too
+    ],
+    ids=["same-piece", "two-dims", "wrong-size", "offset-kept-dim"],
+)
+def test_other_slices_of_an_all_reduce_stay_as_they_are(table, slice_sizes, offsets):
+    graph = graph_of(sliced_all_reduce(table, slice_sizes, offsets), ranks=4)
+    assert [data["op"] for _, data in graph.nodes()] == ["all_reduce", "copy", "dynamic_slice", "dynamic_slice"]

@@ -12,7 +12,9 @@ Control flow is resolved while building, so the graph is straight-line code:
 - `case`/`if` take the most expensive branch (most FLOPs, then most bytes), the same on every rank;
   the loop condition and the branch selector are not emitted (they are scalar bookkeeping);
 - an `async_start`/`async_done` pair becomes the one collective it wraps, issued at the start; its
-  users depend on it through the done.
+  users depend on it through the done;
+- an all-reduce whose only use is each rank's own piece of the sum becomes the reduce-scatter the
+  GPU and TPU compilers make of it (`flint.reduce_scatter`).
 
 Edges are data dependencies. When the program is the compiler's schedule (the optimised module),
 edges marked `ctrl=True` add the schedule's order: each node follows the one scheduled before it,
@@ -33,6 +35,7 @@ from flint.costs import COLLECTIVE, FREE, cost_of
 from flint.errors import FlintError
 from flint.loops import trip_count
 from flint.parse import CONTROL_FLOW, Op, Program, Region
+from flint.reduce_scatter import ReduceScatter, reduce_scatters
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class _Builder:
         self.scheduled = scheduled
         self.last: frozenset[int] = frozenset()  # what the next scheduled node must follow
         self.in_flight: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
+        self.scatters: dict[int, dict[int, ReduceScatter]] = {}  # per region, by all_reduce result
 
     def deps(self, values) -> frozenset[int]:
         found: frozenset[int] = frozenset()
@@ -91,9 +95,9 @@ class _Builder:
         for value in op.results:
             self.producers[value] = deps
 
-    def add(self, op: Op, attributes: dict) -> None:
+    def add(self, op: Op, attributes: dict, opcode: str | None = None) -> None:
         node = self.graph.number_of_nodes()
-        self.graph.add_node(node, name=op.name, op=op.opcode, **attributes)
+        self.graph.add_node(node, name=op.name, op=opcode or op.opcode, **attributes)
         data = self.deps(op.operands)
         for dep in sorted(data):
             self.graph.add_edge(dep, node)
@@ -147,7 +151,7 @@ class _Builder:
         if self.scheduled:
             self.last |= started
 
-    def collective(self, op: Op, cost) -> None:
+    def collective(self, op: Op, cost, scatter: ReduceScatter | None = None) -> None:
         attributes = dict(kind="collective", bytes=cost.bytes, flops=0, transcendentals=0)
         if op.opcode == "collective_permute":
             pairs = tuple((int(s), int(t)) for s, t in op.attrs["source_target_pairs"] if s != t)
@@ -162,10 +166,27 @@ class _Builder:
             self.passthrough(op)  # a collective over one rank moves nothing
             return
         comm = dict(collective=info.kind, comm_bytes=info.comm_bytes, groups=info.groups)
-        self.add(op, attributes | comm)
+        if scatter is None:
+            self.add(op, attributes | comm)
+            return
+        attributes["bytes"] = info.comm_bytes + scatter.piece.result_types[0].nbytes
+        self.add(op, attributes | comm | dict(collective="reduce_scatter"), opcode="reduce_scatter")
+        for absorbed in (*scatter.copies, scatter.piece):
+            self.bind(absorbed.results, op.results)
 
     def region(self, region: Region) -> None:
+        if id(region) not in self.scatters:
+            self.scatters[id(region)] = {
+                scatter.reduce.results[0]: scatter
+                for scatter in reduce_scatters(region, self.num_ranks)
+            }
+        scatters = self.scatters[id(region)]
+        absorbed = {
+            o.results[0] for scatter in scatters.values() for o in (*scatter.copies, scatter.piece)
+        }
         for op in region.ops:
+            if op.results and op.results[0] in absorbed:
+                continue  # bound to its reduce-scatter
             if op.opcode == "while":
                 self.unroll(op)
                 continue
@@ -183,7 +204,7 @@ class _Builder:
             if cost.kind == FREE:
                 self.passthrough(op)
             elif cost.kind == COLLECTIVE:
-                self.collective(op, cost)
+                self.collective(op, cost, scatters.get(op.results[0]) if op.results else None)
             else:
                 if not cost.known:
                     self.unknown.add(op.opcode)

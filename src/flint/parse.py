@@ -23,6 +23,9 @@ from flint.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 CONTROL_FLOW = frozenset({"while", "case", "if", "async_start"})
 """Ops whose regions are program code, as opposed to reducer bodies applied per element."""
 
+_TABLE_LIMIT = 1 << 20
+"""Integer constants up to this many elements keep their values (lookup tables indexed by rank)."""
+
 FUSION = "fusion"
 """A kernel of the optimised module: its region holds the ops it computes in one pass."""
 
@@ -171,8 +174,12 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["feature_group_count"] = ir.IntegerAttr(attributes["feature_group_count"]).value
     elif opcode == "constant":
         value = ir.DenseElementsAttr(attributes["value"])
-        if value.is_splat and isinstance(value.type.element_type, ir.IntegerType) and not value.type.shape:
-            out["value"] = int(ir.IntegerAttr(value.get_splat_value()).value)
+        if isinstance(value.type.element_type, ir.IntegerType):
+            if value.is_splat and not value.type.shape:
+                out["value"] = int(ir.IntegerAttr(value.get_splat_value()).value)
+            elif not value.is_splat and len(value) <= _TABLE_LIMIT:
+                # partition-id lookup tables, which reduce-scatter offsets are read from
+                out["array"] = np.array(ir.DenseIntElementsAttr(value), dtype=np.int64)
     elif opcode == "compare":
         out["direction"] = stablehlo.ComparisonDirectionAttr(attributes["comparison_direction"]).value
     elif opcode == "reduce_window":
