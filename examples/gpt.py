@@ -86,8 +86,14 @@ def mesh_axes(mesh):
     return names[:-1], names[-1]
 
 
-# Activations [batch, seq, d_model]: batch-split, the rest whole (see `logical_rules`).
+# Logical axes of the activations (resolved by `logical_rules` or Flint's layout flags). The residual
+# stream between sublayers names its sequence axis `seq`, whole here, so a layout can split it
+# (Megatron sequence parallelism, `--strategy dp+tp+sp`); the sublayers read whole sequences, their
+# q, k, v are split by heads and their MLP hidden by columns (Megatron's column-parallel outputs).
+RESIDUAL = ("batch", "seq", None)
 ACTIVATION = ("batch", None, None)
+HEADS_SPLIT = ("batch", None, "heads", None)
+MLP_SPLIT = ("batch", None, "mlp")
 
 
 def tp_layout(data, tensor):
@@ -128,9 +134,7 @@ def layernorm(x, scale, bias):
 
 def attention(x, p):
     """Causal multi-head self-attention of x [batch, seq, d_model]."""
-    q = jnp.einsum("bsd,dhk->bshk", x, p["wq"])
-    k = jnp.einsum("bsd,dhk->bshk", x, p["wk"])
-    v = jnp.einsum("bsd,dhk->bshk", x, p["wv"])
+    q, k, v = (constrain(jnp.einsum("bsd,dhk->bshk", x, p[w]), HEADS_SPLIT) for w in ("wq", "wk", "wv"))
     scores = jnp.einsum("bshk,bthk->bhst", q, k).astype(jnp.float32) * (D_HEAD**-0.5)
     causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
@@ -140,14 +144,14 @@ def attention(x, p):
 
 
 def mlp(x, p):
-    return jax.nn.gelu(x @ p["w_in"]) @ p["w_out"]
+    return jax.nn.gelu(constrain(x @ p["w_in"], MLP_SPLIT)) @ p["w_out"]
 
 
 def block(x, p):
-    x = x + attention(layernorm(x, p["ln1_scale"], p["ln1_bias"]), p)
-    x = constrain(x, ACTIVATION)
-    x = x + mlp(layernorm(x, p["ln2_scale"], p["ln2_bias"]), p)
-    return constrain(x, ACTIVATION)
+    x = x + attention(constrain(layernorm(x, p["ln1_scale"], p["ln1_bias"]), ACTIVATION), p)
+    x = constrain(x, RESIDUAL)
+    x = x + mlp(constrain(layernorm(x, p["ln2_scale"], p["ln2_bias"]), ACTIVATION), p)
+    return constrain(x, RESIDUAL)
 
 
 def cross_entropy(logits, targets):
@@ -164,7 +168,7 @@ def loss_fn(params, batch):
     # The lookup reads the table vocab-split with D_MODEL whole: a no-op for this file's layout; under
     # FSDP (fsdp.py) it is the table's ZeRO-3 all-gather before use, like every other parameter's.
     table = constrain(params["embed"], ("vocab", None))
-    x = constrain(jnp.take(table, batch["tokens"], axis=0), ACTIVATION)
+    x = constrain(jnp.take(table, batch["tokens"], axis=0), RESIDUAL)
 
     def body(x, p):
         return block(x, p), None
@@ -245,8 +249,8 @@ def workload(mesh, layout=tp_layout):
 
 
 def logical_rules(mesh):
-    """The logical axes of the step's constraints: activations batch-split over the data axes, the
-    embedding table read vocab-split over the tensor axis (Flint's `--rule` and `--strategy` replace
-    these)."""
+    """The logical axes of the step's constraints: activations batch-split over the data axes with
+    whole sequences, the embedding table read vocab-split and the heads and MLP hidden split over
+    the tensor axis (Flint's `--rule` and `--strategy` replace these)."""
     data, tensor = mesh_axes(mesh)
-    return {"batch": data, "vocab": tensor}
+    return {"batch": data, "seq": (), "vocab": tensor, "heads": tensor, "mlp": tensor}

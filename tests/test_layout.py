@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import EXAMPLES, MODELS, extract, flint
-from test_gpt import AR, BF16, Dims, collectives, gpt, gpt_collectives, matmul_flops, read_rank
+from test_gpt import AG, AR, BF16, F32, RS, Dims, collectives, gpt, gpt_collectives, matmul_flops, read_rank
 
 from flint.errors import FlintError
 from flint.trace.reader import attr_value
@@ -88,6 +88,33 @@ def test_tp_preset_has_two_forward_all_reduces_per_layer(traces):
     ]
     assert len(forward) == 2 * gpt.LAYERS
     assert {c[1] for c in forward} == {gpt.BATCH * gpt.SEQ * gpt.D_MODEL * BF16}
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, dims",
+    [("dp+tp+sp", "4x2", Dims(4, 2)), ("dp+tp+sp", "2x2x2", Dims(4, 2)), ("tp+sp", "8", Dims(1, 8))],
+    ids=["dp+tp+sp", "dp+tp+sp-3d", "tp+sp-1d"],
+)
+def test_sequence_parallel_layers_gather_and_reduce_scatter(traces, strategy, mesh, dims):
+    """Megatron SP: the residual stream between sublayers is split by sequence over the tensor
+    group, so each sublayer all-gathers its input [b, S/tp, D] and reduce-scatters its output
+    ([b, S, D] bf16, comm_size the full input) instead of all-reducing it: per layer forward AG, RS,
+    AG, RS and no all-reduce. The gathered input is the layernorm's output, which the partitioner
+    gathers before or after its cast to bf16 (f32 on 4x2, bf16 on 2x2x2): either element size.
+    (`tp+sp` is checked on a tensor-only mesh: on a 4x2 mesh it leaves the data axis idle, the batch
+    replicated, and XLA spends the idle axis on a layout of its own.)"""
+    out = traces("gpt", mesh, "--strategy", strategy)
+    S, D, L = gpt.SEQ, gpt.D_MODEL, gpt.LAYERS
+    for rank in range(8):
+        nodes, groups = read_rank(out, rank)
+        forward = [c[:3] for c in collectives(nodes, groups) if "/jvp()/while/body/" in c[3]]
+        group = dims.tensor_group(rank)
+        gathered = dims.b * S // dims.tp * D
+        scatter = (RS, dims.b * S * D * BF16, group)
+        assert [c[0] for c in forward] == [AG, RS, AG, RS] * L, f"rank {rank}"
+        assert [c for c in forward if c[0] == RS] == [scatter] * (2 * L), f"rank {rank}"
+        assert {c[2] for c in forward} == {group}
+        assert {c[1] for c in forward if c[0] == AG} <= {gathered * BF16, gathered * F32}
 
 
 def test_presets_reproduce_the_hand_written_layouts(traces):

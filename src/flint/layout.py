@@ -25,6 +25,10 @@ Presets apply by shape and position, so they need no annotations at all:
   that divides (ZeRO-3);
 - `tp`: Megatron tensor parallelism over the tensor axis; the batch is replicated;
 - `dp+tp`, `fsdp+tp`: the batch (and FSDP) over the data axes, tensor parallelism over the tensor axis;
+- `tp+sp`, `dp+tp+sp`: as `tp`, `dp+tp`, plus Megatron sequence parallelism: the logical axis `seq`
+  (the residual stream between a model's sublayers, where it names it) is split over the tensor
+  axis, so the sublayers' all-reduces become all-gathers of their inputs and reduce-scatters of
+  their outputs; every other preset keeps `seq` whole;
 - FSDP splits over the axis named `fsdp` when there is one (`--mesh dp=2,fsdp=4,tp=2`), else over
   all the data axes.
 
@@ -34,7 +38,8 @@ arrays all share one leading size (stacked layers under `lax.scan`) keeps that d
 the remaining dimensions, a parameter that starts with D is column-parallel (the next dimension is
 split: `w_in [D, F]`, `wq [D, H, k]`, the LM head `[D, V]`); one that ends with D is row-parallel (its
 first dimension is split: `w_out [F, D]`, `wo [H, k, D]`, the embedding `[V, D]`); vectors stay whole.
-Presets map the logical names `batch` to the batch axes and `vocab`, `heads`, `mlp` to the tensor axis.
+Presets map the logical names `batch` to the batch axes, `vocab`, `heads`, `mlp` to the tensor axis
+and `seq` as above.
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ from flint.errors import FlintError
 from flint.frontend import Workload
 from flint.sharding import LogicalArray, LogicalRules, axes_of, entry_of, resolve
 
-STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
+STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp")
 TENSOR_AXIS_NAMES = ("tensor", "tp", "model")
 TP_LOGICAL_NAMES = ("vocab", "heads", "mlp")
+SEQUENCE_LOGICAL_NAME = "seq"
 
 Spec = tuple[tuple[str, ...], ...]
 """One entry per leading dimension: the mesh axes it is split over (empty: unsplit)."""
@@ -244,6 +250,7 @@ class _Roles:
     batch: tuple[str, ...]
     fsdp: tuple[str, ...]
     tensor: tuple[str, ...]
+    sequence: tuple[str, ...]
 
 
 def _roles(strategy: str, mesh) -> _Roles:
@@ -251,9 +258,17 @@ def _roles(strategy: str, mesh) -> _Roles:
     named = [n for n in names if n in TENSOR_AXIS_NAMES]
     tensor = named[0] if named else names[-1]
     parts = set(strategy.split("+"))
-    data = names if "tp" not in parts else tuple(n for n in names if n != tensor) if len(parts) > 1 else ()
+    if "tp" not in parts:
+        data = names
+    else:
+        data = tuple(n for n in names if n != tensor) if parts & {"dp", "fsdp"} else ()
     fsdp = (tuple(n for n in data if n == "fsdp") or data) if "fsdp" in parts else ()
-    return _Roles(batch=data, fsdp=fsdp, tensor=(tensor,) if "tp" in parts else ())
+    return _Roles(
+        batch=data,
+        fsdp=fsdp,
+        tensor=(tensor,) if "tp" in parts else (),
+        sequence=(tensor,) if "sp" in parts else (),
+    )
 
 
 def _stacked(inputs: list[_Input]) -> set[str]:
@@ -322,6 +337,7 @@ def _apply_preset(strategy: str, inputs: list[_Input], mesh) -> dict[str, tuple[
         item.origin = f"strategy {strategy}"
     rules = {"batch": roles.batch} if roles.batch else {}
     rules.update({name: roles.tensor for name in TP_LOGICAL_NAMES if roles.tensor})
+    rules[SEQUENCE_LOGICAL_NAME] = roles.sequence
     return rules
 
 

@@ -68,7 +68,7 @@ def entry_of(axes: tuple[str, ...]):
 def resolve(names, rules: LogicalRules, unnamed):
     """PartitionSpec entries for logical `names`; `unnamed` stands for a name without a rule."""
     return [
-        None if name is None else entry_of(tuple(rules[name])) if rules.get(name) else unnamed
+        None if name is None else entry_of(tuple(rules[name])) if name in rules else unnamed
         for name in names
     ]
 
