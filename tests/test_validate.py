@@ -116,3 +116,20 @@ def test_an_altered_graph_fails(mlp_optimized: Path, tmp_path: Path, edit) -> No
 def test_a_partitioned_stage_trace_is_refused(mlp_traces) -> None:
     run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", mlp_traces("2x4"))
     assert run.returncode == 2 and "--stage optimized" in run.stderr
+
+
+def test_traces_are_validated_with_the_layout_they_were_extracted_with(tmp_path: Path) -> None:
+    """mlp.py under `--strategy dp` is pure data parallelism: the step must run that way too, so
+    every rank's transfers are the gradient all-reduces over all 8 ranks (the CPU compiler combines
+    them into one, f32-widened: w1 [1024, 4096], w2 [4096, 1024] and the loss) and nothing else."""
+    out = tmp_path / "traces"
+    extract(EXAMPLES / "mlp.py", "2x4", out, "--stage", "optimized", "--strategy", "dp")
+    run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out, "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["disagreements"] == []
+    everyone = list(range(8))
+    for rank in range(8):
+        ran = transfers(report, rank)
+        assert {tuple(group) for _, group, _ in ran} == {tuple(everyone)}
+        assert sum(size for _, _, size in ran) == 2 * 1024 * 4096 * F32 + F32  # and the loss

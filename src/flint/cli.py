@@ -339,7 +339,8 @@ def timeline(directory, output, plot, prefix, as_json, device_spec, link_gbps, l
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--mesh", "mesh_spec", required=True, metavar="MESH", help="Virtual device mesh, as for extract.")
 @click.option("--traces", type=click.Path(path_type=Path, file_okay=False, exists=True),
-              help="Validate this trace (an --stage optimized extraction) instead of a fresh one.")
+              help="Validate this trace (an --stage optimized extraction, run with the layout its "
+                   "manifest records) instead of a fresh one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict, counts and times as JSON.")
 @_timing_options
 def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_latency_us):

@@ -172,6 +172,18 @@ def merge(config: LayoutRequest | None, cli: LayoutRequest) -> LayoutRequest:
     )
 
 
+def recorded(layout: Mapping, origin: str) -> LayoutRequest:
+    """The layout a trace's manifest records (its final rules and every input's sharding), as a
+    request that reproduces it exactly."""
+    return LayoutRequest(
+        rules=tuple((name, tuple(axes), origin) for name, axes in layout.get("rules", {}).items()),
+        shards=tuple(
+            ShardRule(re.escape(path), tuple(tuple(axes) for axes in spec), origin)
+            for path, spec in layout.get("inputs", {}).items()
+        ),
+    )
+
+
 # ------------------------------------------------------------------------------ inputs
 
 
@@ -217,7 +229,9 @@ def _model_spec(leaf, rules: LogicalRules) -> Spec:
     return tuple(axes_of(e) for e in leaf.sharding.spec)
 
 
-def _inputs(workload: Workload, rules: LogicalRules) -> tuple[list[_Input], Any]:
+def _inputs(workload: Workload) -> tuple[list[_Input], Any]:
+    """Every input leaf with its path and the sharding the model gives it (logical names unsplit
+    until the rules are known)."""
     import jax
 
     names = _argument_names(workload.step, len(workload.args))
@@ -233,7 +247,7 @@ def _inputs(workload: Workload, rules: LogicalRules) -> tuple[list[_Input], Any]
                 path,
                 tuple(leaf.shape),
                 leaf.dtype,
-                _model_spec(leaf, rules),
+                _model_spec(leaf, {}),
                 "model",
                 keypath[0].idx == len(workload.args) - 1,
                 leaf,
@@ -392,7 +406,7 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     from jax.sharding import NamedSharding
 
     rules: dict[str, tuple[str, ...]] = dict(workload.rules or {})
-    inputs, treedef = _inputs(workload, {})
+    inputs, treedef = _inputs(workload)
     if request.strategy:
         rules = _apply_preset(request.strategy, inputs, mesh)
     for name, axes, origin in request.rules:

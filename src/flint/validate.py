@@ -29,6 +29,7 @@ from flint.costs import NO_COST
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.execution import ExecutedOp, Execution
+from flint.layout import LayoutRequest, recorded as recorded_layout
 from flint.mesh import MeshSpec
 from flint.schema import et_def_pb2 as pb
 from flint.trace.node_rules import ALL_RANKS
@@ -146,8 +147,9 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     from flint.execution import run_profiled
     from flint.pipeline import ExtractRequest, extract
 
+    layout = LayoutRequest()
     if request.traces is not None:
-        _check_traces(request.traces)
+        layout = _traced_layout(request.traces)
     with tempfile.TemporaryDirectory(prefix="flint-validate-") as tmp:
         extraction = extract(
             ExtractRequest(
@@ -156,6 +158,7 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
                 output=Path(tmp) / "traces",
                 device=request.device,
                 stage="optimized",
+                layout=layout,
                 command=request.command,
             )
         )
@@ -170,22 +173,25 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     return compare(execution, traces, groups, timer), execution
 
 
-def _check_traces(directory: Path) -> None:
-    """Refuse, before any slow work, what is not a trace, and a Flint trace of another stage (its
-    collectives are not those that run)."""
+def _traced_layout(directory: Path) -> LayoutRequest:
+    """The layout `directory` was extracted with, so the step runs as it was traced; refuses,
+    before any slow work, what is not a trace, and a Flint trace of another stage (its collectives
+    are not those that run)."""
     try:
         find_traces(directory)
     except (FileNotFoundError, ValueError) as exc:
         raise FlintError(f"{exc}: --traces needs a directory of <prefix>.<rank>.et files") from None
     manifest = directory / "manifest.json"
     if not manifest.exists():
-        return  # not Flint's: compare as it is
-    stage = json.loads(manifest.read_text()).get("stage")
+        return LayoutRequest()  # not Flint's: compare it with the model's own layout
+    recorded = json.loads(manifest.read_text())
+    stage = recorded.get("stage")
     if stage != "optimized":
         raise FlintError(
             f"{directory} was extracted at stage {stage!r}, but the executable runs the optimised "
             "module: extract it with --stage optimized to validate it"
         )
+    return recorded_layout(recorded.get("layout", {}), f"{manifest}")
 
 
 def compare(
