@@ -5,6 +5,7 @@ Each extraction gets a fresh process because JAX fixes its virtual device count 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -19,6 +20,14 @@ from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_t
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
+
+
+def load_example(name: str):
+    """`examples/NAME.py` as a module, for the constants the hand derivations start from."""
+    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass

@@ -29,20 +29,17 @@ the trace must hold each body LAYERS times (8 matmuls per forward trip, 16 per b
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from conftest import EXAMPLES, extract
+from conftest import EXAMPLES, extract, load_example
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
 
-_spec = importlib.util.spec_from_file_location("gpt_example", EXAMPLES / "gpt.py")
-gpt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpt)
+gpt = load_example("gpt")
 
 BF16, F32 = 2, 4
 AR, AG, RS = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER

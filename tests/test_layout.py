@@ -9,11 +9,14 @@ left out of the expectation, as they are of the trace.
 from __future__ import annotations
 
 import pytest
-from conftest import EXAMPLES, MODELS, extract, flint
+from conftest import EXAMPLES, MODELS, extract, flint, load_example
 from test_gpt import AG, AR, BF16, F32, RS, Dims, collectives, gpt, gpt_collectives, matmul_flops, read_rank
 
 from flint.errors import FlintError
+from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value
+
+A2A = pb.ALL_TO_ALL
 
 PARAM_RULES = {
     # gpt.py's own Megatron layout (tp_layout), written as path patterns over params, m and v.
@@ -115,6 +118,33 @@ def test_sequence_parallel_layers_gather_and_reduce_scatter(traces, strategy, me
         assert [c for c in forward if c[0] == RS] == [scatter] * (2 * L), f"rank {rank}"
         assert {c[2] for c in forward} == {group}
         assert {c[1] for c in forward if c[0] == AG} <= {gathered * BF16, gathered * F32}
+
+
+@pytest.mark.parametrize("mesh, ep", [("4x2", 4), ("2x2x2", 2)], ids=["4x2", "2x2x2"])
+def test_expert_parallel_preset_dispatches_with_all_to_all(traces, mesh, ep):
+    """moe_gshard.py under `--strategy ep`: experts over the first axis (ep ways), one token group
+    per rank. Per rank: 3 all_to_all over its expert group (the ranks that differ only in the first
+    coordinate; dispatch, return, and the return's transpose in backward) of its [EXPERTS, 1,
+    CAPACITY, D_MODEL] bf16 buffers; all-reduces of the w_in and w_out gradients [EXPERTS/ep, D, F]
+    bf16 over the expert's replicas (same first coordinate), of the router gradient [D, EXPERTS]
+    bf16 and of the f32 loss over all ranks."""
+    moe = load_example("moe_gshard")
+    out = traces("moe_gshard", mesh, "--strategy", "ep")
+    replicas = 8 // ep
+    buffers = moe.EXPERTS * (moe.GROUPS // 8) * moe.CAPACITY * moe.D_MODEL * BF16
+    experts = moe.EXPERTS // ep * moe.D_MODEL * moe.D_FF * BF16
+    everyone = tuple(range(8))
+    for rank in range(8):
+        expert_group = tuple(e * replicas + rank % replicas for e in range(ep))
+        replica_group = tuple(rank // replicas * replicas + r for r in range(replicas))
+        nodes, groups = read_rank(out, rank)
+        found = sorted((kind, size, tuple(sorted(group))) for kind, size, group, _ in collectives(nodes, groups))
+        assert found == sorted(
+            [(A2A, buffers, expert_group)] * 3
+            + [(AR, experts, replica_group)] * 2
+            + [(AR, moe.D_MODEL * moe.EXPERTS * BF16, everyone), (AR, F32, everyone)]
+        ), f"rank {rank}"
+    assert same_traces(out, traces("moe_gshard", mesh))  # the model's own rules say the same
 
 
 def test_presets_reproduce_the_hand_written_layouts(traces):

@@ -12,19 +12,16 @@ is summed over the data group (4 bytes).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-from conftest import EXAMPLES, matmuls_and_collectives
+from conftest import load_example, matmuls_and_collectives
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, read_comm_groups, read_trace
 
-_spec = importlib.util.spec_from_file_location("mlp_example", EXAMPLES / "mlp.py")
-mlp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mlp)
+mlp = load_example("mlp")
 
 BF16, F32 = 2, 4
 

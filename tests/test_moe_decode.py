@@ -14,12 +14,11 @@ positions, decode one position attending over the whole cache of M = MAX_LEN pos
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import numpy as np
 import pytest
-from conftest import EXAMPLES, extract, matmuls_and_collectives
+from conftest import EXAMPLES, extract, load_example, matmuls_and_collectives
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
@@ -28,15 +27,8 @@ from flint.trace.reader import attr_value, read_comm_groups, read_trace
 BF16, F32, I32 = 2, 4, 4
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-moe = _load("moe")
-decode = _load("decode")
+moe = load_example("moe")
+decode = load_example("decode")
 
 
 @pytest.fixture(scope="module")

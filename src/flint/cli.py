@@ -88,7 +88,9 @@ def _explain(layout) -> None:
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4], err=True)
     if layout.rules:
-        rules = ", ".join(f"{name}={'+'.join(axes)}" for name, axes in sorted(layout.rules.items()))
+        rules = ", ".join(
+            f"{name}={'+'.join(axes) or 'None'}" for name, axes in sorted(layout.rules.items())
+        )
         stderr.print(f"logical rules: {rules}")
 
 

@@ -29,6 +29,11 @@ Presets apply by shape and position, so they need no annotations at all:
   (the residual stream between a model's sublayers, where it names it) is split over the tensor
   axis, so the sublayers' all-reduces become all-gathers of their inputs and reduce-scatters of
   their outputs; every other preset keeps `seq` whole;
+- `ep`: expert parallelism over the expert axis (named `expert` or `ep`, else the first): a
+  parameter group stacked along its first dimension (experts `[E, D, F]`) is split along it, other
+  parameters are replicated, the batch is split over every axis (the others first). Logical names:
+  `expert` to the expert axis, `groups` (the token groups of tokens dispatched to experts) to the
+  other axes. Meant for mixture-of-experts models (on a dense model it splits stacked layers);
 - FSDP splits over the axis named `fsdp` when there is one (`--mesh dp=2,fsdp=4,tp=2`), else over
   all the data axes.
 
@@ -53,14 +58,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flint.errors import FlintError
 from flint.frontend import Workload
 from flint.sharding import LogicalArray, LogicalRules, axes_of, entry_of, resolve
 
-STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp")
+STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp", "ep")
 TENSOR_AXIS_NAMES = ("tensor", "tp", "model")
+EXPERT_AXIS_NAMES = ("expert", "ep")
 TP_LOGICAL_NAMES = ("vocab", "heads", "mlp")
 SEQUENCE_LOGICAL_NAME = "seq"
+EXPERT_LOGICAL_NAME, GROUPS_LOGICAL_NAME = "expert", "groups"
 
 Spec = tuple[tuple[str, ...], ...]
 """One entry per leading dimension: the mesh axes it is split over (empty: unsplit)."""
@@ -246,7 +255,7 @@ def _inputs(workload: Workload) -> tuple[list[_Input], Any]:
             _Input(
                 path,
                 tuple(leaf.shape),
-                leaf.dtype,
+                np.dtype(leaf.dtype),
                 _model_spec(leaf, {}),
                 "model",
                 keypath[0].idx == len(workload.args) - 1,
@@ -265,13 +274,23 @@ class _Roles:
     fsdp: tuple[str, ...]
     tensor: tuple[str, ...]
     sequence: tuple[str, ...]
+    expert: tuple[str, ...] = ()
+
+
+def _named(names: tuple[str, ...], wanted: tuple[str, ...], default: str) -> str:
+    return next((n for n in names if n in wanted), default)
 
 
 def _roles(strategy: str, mesh) -> _Roles:
     names = tuple(mesh.axis_names)
-    named = [n for n in names if n in TENSOR_AXIS_NAMES]
-    tensor = named[0] if named else names[-1]
+    tensor = _named(names, TENSOR_AXIS_NAMES, names[-1])
     parts = set(strategy.split("+"))
+    if "ep" in parts:
+        expert = _named(names, EXPERT_AXIS_NAMES, names[0])
+        rest = tuple(n for n in names if n != expert)
+        # tokens over the other axes first: an expert group then holds consecutive token groups,
+        # so dispatching to the experts is one all_to_all per group
+        return _Roles(batch=rest + (expert,), fsdp=(), tensor=(), sequence=(), expert=(expert,))
     if "tp" not in parts:
         data = names
     else:
@@ -326,6 +345,8 @@ def _preset_spec(item: _Input, roles: _Roles, mesh, width, stacked: set[str]) ->
             spec[0] = roles.batch
         return tuple(spec)
     first = 1 if item.path in stacked else 0
+    if first and roles.expert and item.shape[0] % _ways(mesh, roles.expert) == 0:
+        spec[0] = roles.expert
     dims = list(range(first, rank))
     if roles.tensor and len(dims) >= 2:
         shape = [item.shape[d] for d in dims]
@@ -352,6 +373,9 @@ def _apply_preset(strategy: str, inputs: list[_Input], mesh) -> dict[str, tuple[
     rules = {"batch": roles.batch} if roles.batch else {}
     rules.update({name: roles.tensor for name in TP_LOGICAL_NAMES if roles.tensor})
     rules[SEQUENCE_LOGICAL_NAME] = roles.sequence
+    if roles.expert:
+        rules[EXPERT_LOGICAL_NAME] = roles.expert
+        rules[GROUPS_LOGICAL_NAME] = tuple(a for a in roles.batch if a not in roles.expert)
     return rules
 
 
