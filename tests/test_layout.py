@@ -10,7 +10,20 @@ from __future__ import annotations
 
 import pytest
 from conftest import EXAMPLES, MODELS, extract, flint, load_example
-from test_gpt import AG, AR, BF16, F32, RS, Dims, collectives, gpt, gpt_collectives, matmul_flops, read_rank
+from test_gpt import (
+    AG,
+    AR,
+    BF16,
+    F32,
+    RS,
+    Dims,
+    collectives,
+    fsdp_collectives,
+    gpt,
+    gpt_collectives,
+    matmul_flops,
+    read_rank,
+)
 
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
@@ -61,24 +74,37 @@ def traces(tmp_path_factory):
     return get
 
 
-def expected_collectives(m: Dims, rank: int):
-    return sorted((kind, size, group) for kind, size, group in gpt_collectives(m, rank) if len(group) > 1)
+def expected_collectives(derive, m: Dims, rank: int):
+    return sorted((kind, size, group) for kind, size, group in derive(m, rank) if len(group) > 1)
+
+
+def fsdp_regathering_the_head(m: Dims, rank: int):
+    """fsdp.py's collectives where the partitioner gathers the head [Dd, v] again for its backward
+    matmul instead of reusing the forward's gathered copy (it does on 2x2x2, not on 2x4)."""
+    return fsdp_collectives(m, rank) + [(AG, m.dd * m.v * BF16, m.data_group(rank))]
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh, dims",
-    [("dp", "4x2", Dims(8, 1)), ("tp", "4x2", Dims(1, 2)), ("dp+tp", "2x2x2", Dims(4, 2))],
-    ids=["dp", "tp", "dp+tp-3d"],
+    "strategy, mesh, dims, derive",
+    [
+        ("dp", "4x2", Dims(8, 1), gpt_collectives),
+        ("tp", "4x2", Dims(1, 2), gpt_collectives),
+        ("dp+tp", "2x2x2", Dims(4, 2), gpt_collectives),
+        ("dp", "2x2x2", Dims(8, 1), gpt_collectives),
+        ("fsdp+tp", "2x2x2", Dims(4, 2), fsdp_regathering_the_head),
+    ],
+    ids=["dp", "tp", "dp+tp-3d", "dp-3d", "fsdp+tp-3d"],
 )
-def test_preset_collectives_every_rank(traces, strategy, mesh, dims):
+def test_preset_collectives_every_rank(traces, strategy, mesh, dims, derive):
     """DP: only gradient (and loss) all-reduces over all ranks at full parameter size. TP: only the
     tensor group's activation all-reduces (2 per layer forward, 4 backward, lookup, loss, head).
-    DP+TP on a 3-D mesh: the data group spans the two leading axes."""
+    On a 3-D mesh the data group spans the two leading axes; FSDP+TP there is fsdp.py's layout with
+    that data group (all-gathers before use, gradient reduce-scatters)."""
     out = traces("gpt", mesh, "--strategy", strategy)
     for rank in range(8):
         nodes, groups = read_rank(out, rank)
         found = sorted((kind, size, group) for kind, size, group, _ in collectives(nodes, groups))
-        assert found == expected_collectives(dims, rank), f"rank {rank}"
+        assert found == expected_collectives(derive, dims, rank), f"rank {rank}"
         dots = [n for n in nodes if attr_value(n, "op") in ("dot", "dot_general")]
         assert sum(attr_value(n, "num_ops") for n in dots) == matmul_flops(dims), f"rank {rank}"
 
