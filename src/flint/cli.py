@@ -21,8 +21,8 @@ from flint.mesh import parse_mesh
 from flint.partition import STAGES
 from flint.trace.dot import MAX_NODES
 
-stderr = Console(stderr=True, highlight=False)
-stdout = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # long paths stay on one line
+stdout = Console(highlight=False, soft_wrap=True)
 
 
 class FlintGroup(click.Group):
