@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,10 +318,17 @@ def _trace(flat, inputs, path: Path, where):
     try:
         return trace_to_stablehlo(flat, inputs)
     except Exception as exc:
-        kind = "data-dependent control flow" if _data_dependent(exc) else type(exc).__name__
+        if _data_dependent(exc):
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+            code = f" `{frames[-1].line}`" if frames and frames[-1].line else ""
+            raise FlintError(
+                f"{path.name}: data-dependent control flow at {where(exc, path)}{code}: torch.export "
+                "cannot branch on a tensor's value; use torch.where or torch.cond"
+            ) from exc
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise FlintError(
-            f"{path.name}: torch cannot export the step: {kind} at {where(exc, path)}: {message}"
+            f"{path.name}: torch cannot export the step: {type(exc).__name__} at {where(exc, path)}: "
+            f"{message}"
         ) from exc
 
 
