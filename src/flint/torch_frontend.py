@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from flint.errors import FlintError
+from flint.layout import TENSOR_AXIS_NAMES
 from flint.torch_bridge import require_torch, to_exported, trace_to_stablehlo
 
 MODEL_ENTRY, INPUTS_ENTRY = "model", "example_inputs"
@@ -45,7 +46,6 @@ OPTIMIZER_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
 }
 PLAN_STYLES = ("colwise", "rowwise")
-TENSOR_AXIS_NAMES = ("tensor", "tp", "model")
 
 
 def is_torch_model(module) -> bool:
@@ -320,7 +320,7 @@ def _trace(flat, inputs, path: Path, where):
     except Exception as exc:
         if _data_dependent(exc):
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
-            code = f" `{frames[-1].line}`" if frames and frames[-1].line else ""
+            code = f" '{frames[-1].line}'" if frames and frames[-1].line else ""
             raise FlintError(
                 f"{path.name}: data-dependent control flow at {where(exc, path)}{code}: torch.export "
                 "cannot branch on a tensor's value; use torch.where or torch.cond"
