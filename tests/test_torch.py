@@ -27,6 +27,8 @@ following from how torch writes the step:
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -165,6 +167,42 @@ def test_square_weights_follow_the_plan(tmp_path):
     assert rows["params/layers.0.attn.o.weight"] == ["(None,", "tensor)"]
     assert rows["opt/m/layers.2.mlp.fc1.weight"] == ["(tensor,", "None)"]
     assert rows["params/embed.weight"] == ["(tensor,", "None)"]
+
+
+# ------------------------------------------------------------------------------ other steps
+
+
+def test_inference_step_with_biases_and_a_buffer(tmp_path):
+    """tests/models/torch_infer.py (no loss_fn): x [32, 64] @ up [64 -> 256], gelu, @ down [256 ->
+    64], times a buffer. On 2x4, b = 32/2 rows and 256/4 hidden columns per rank: two matmuls of
+    2·16·64·64 FLOPs; the row-parallel `down` is summed over the tensor group ([16, 64] f32); its
+    bias and the buffer are added whole after that sum, `up`'s bias is split with its columns."""
+    out = tmp_path / "t"
+    extract(MODELS / "torch_infer.py", "2x4", out)
+    b, d, h = 32 // 2, 64, 256 // 4
+    for rank in range(8):
+        row = rank // 4
+        tensor_group = tuple(range(4 * row, 4 * row + 4))
+        assert matmuls_and_collectives(out, rank) == (
+            2 * (2 * b * d * h),
+            [(AR, b * d * F32, tensor_group)],
+        ), f"rank {rank}"
+
+
+def test_weights_are_never_allocated(tmp_path):
+    """tests/models/torch_huge.py holds 17 GB of f32 weights; its extraction stays far below."""
+    code = (
+        "import resource, sys\nfrom flint.cli import main\ntry:\n    main()\nfinally:\n"
+        "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "extract", str(MODELS / "torch_huge.py"), "--mesh", "2",
+         "-o", str(tmp_path / "t")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    peak_kib = int(done.stderr.strip().splitlines()[-1])
+    assert peak_kib < 4 * 2**20, f"peak RSS {peak_kib} KiB"
 
 
 # ------------------------------------------------------------------------------------ errors
