@@ -29,8 +29,6 @@ example's dtype before the model sees them; int64 outputs leave as int32.
 from __future__ import annotations
 
 import fnmatch
-import inspect
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +36,8 @@ from typing import Any
 
 from flint.errors import FlintError
 from flint.layout import TENSOR_AXIS_NAMES
-from flint.torch_bridge import require_torch, to_exported, trace_to_stablehlo
+from flint.torch_bridge import require_torch
+from flint.torch_step import build_step, jax_dtype
 
 MODEL_ENTRY, INPUTS_ENTRY = "model", "example_inputs"
 OPTIMIZER_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
@@ -177,168 +176,6 @@ def _mesh_roles(mesh) -> tuple[tuple[str, ...], str | None]:
     return tuple(n for n in names if n != tensor), tensor
 
 
-# ------------------------------------------------------------------------------ the step
-
-
-def _jax_dtype(dtype):
-    import jax.numpy as jnp
-
-    return jnp.dtype(str(dtype).removeprefix("torch."))
-
-
-def _boundary_dtype(dtype):
-    """The dtype a tensor has on the JAX side of the step (int64 -> int32)."""
-    import torch
-
-    return torch.int32 if dtype == torch.int64 else dtype
-
-
-def _adamw(params, grads, opt, lr, betas, eps, weight_decay):
-    """AdamW with f32 moments and decoupled weight decay; parameters updated in f32, rounded once."""
-    import torch
-
-    count = opt["count"] + 1
-    step = count.to(torch.float32)
-    correct1, correct2 = 1.0 - betas[0] ** step, 1.0 - betas[1] ** step
-    m, v, new = {}, {}, {}
-    for name, p in params.items():
-        g = grads[name].to(torch.float32)
-        m[name] = betas[0] * opt["m"][name] + (1.0 - betas[0]) * g
-        v[name] = betas[1] * opt["v"][name] + (1.0 - betas[1]) * g * g
-        pf = p.to(torch.float32)
-        delta = (m[name] / correct1) / (torch.sqrt(v[name] / correct2) + eps) + weight_decay * pf
-        new[name] = (pf - lr * delta).to(p.dtype)
-    return new, {"m": m, "v": v, "count": count}
-
-
-def _torch_step(spec: TorchModel, batch_dtypes: Mapping[str, Any]):
-    """The step as torch code, over {argument name: dict of tensors}."""
-    import torch
-    from torch.func import functional_call
-
-    class Objective(torch.nn.Module):
-        """Runs the user's loss or forward with `model` as a submodule, for `functional_call`."""
-
-        def __init__(self, net, fn):
-            super().__init__()
-            self.model, self.fn = net, fn
-
-        def forward(self, batch):
-            return self.fn(self.model, batch)
-
-    forward = spec.forward or (lambda net, batch: net(**batch))
-    objective = Objective(spec.module, spec.loss_fn or forward)
-
-    def run(params, args):
-        state = {f"model.{k}": v for k, v in {**params, **args.get("buffers", {})}.items()}
-        batch = {name: t.to(batch_dtypes[name]) for name, t in args["batch"].items()}
-        return functional_call(objective, state, (batch,))
-
-    def infer(args):
-        out = run(args["params"], args)
-        return out.to(torch.int32) if out.dtype == torch.int64 else out
-
-    def train(args):
-        params = {name: p.detach().requires_grad_(True) for name, p in args["params"].items()}
-        with torch.enable_grad():
-            loss = run(params, args)
-            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        grads = {
-            name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(params.items(), grads)
-        }
-        params = {name: p.detach() for name, p in params.items()}
-        options = spec.optimizer_options
-        if spec.optimizer == "sgd":
-            return {name: p - options["lr"] * grads[name] for name, p in params.items()}, loss.detach()
-        new, opt = _adamw(params, grads, args["opt"], **options)
-        return new, opt, loss.detach()
-
-    return train if spec.training else infer
-
-
-def _abstract_args(spec: TorchModel) -> tuple[list[str], list[dict]]:
-    """(argument names, argument trees of torch meta tensors) of the step."""
-    import torch
-
-    params = dict(spec.module.named_parameters())
-    names, trees = ["params"], [params]
-    buffers = dict(spec.module.named_buffers())
-    if buffers:
-        names.append("buffers")
-        trees.append(buffers)
-    if spec.training and spec.optimizer == "adamw":
-        moments = {n: torch.empty(p.shape, dtype=torch.float32, device="meta") for n, p in params.items()}
-        names.append("opt")
-        trees.append({"m": moments, "v": dict(moments), "count": torch.empty((), dtype=torch.int32, device="meta")})
-    names.append("batch")
-    trees.append({n: torch.empty(t.shape, dtype=_boundary_dtype(t.dtype), device="meta") for n, t in spec.batch.items()})
-    return names, trees
-
-
-def _signed(step: Callable, names: list[str]) -> Callable:
-    """`step` with a signature naming its arguments, which name the inputs' paths."""
-    step.__signature__ = inspect.Signature(
-        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in names]
-    )
-    return step
-
-
-def build_step(spec: TorchModel, path: Path, where) -> tuple[Callable, list[str], tuple]:
-    """(JAX step calling the traced torch step, argument names, abstract argument trees)."""
-    import jax
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    names, trees = _abstract_args(spec)
-    leaves, args_tree = jax.tree_util.tree_flatten(tuple(trees))
-    with FakeTensorMode():  # on the CPU: torch-mlir lowers no "meta" device placements
-        inputs = [torch.empty(t.shape, dtype=t.dtype) for t in leaves]
-    step = _torch_step(spec, {n: t.dtype for n, t in spec.batch.items()})
-    out_tree: list = []
-
-    def flat(*tensors):
-        args = dict(zip(names, jax.tree_util.tree_unflatten(args_tree, tensors)))
-        leaves, tree = jax.tree_util.tree_flatten(step(args))
-        out_tree.append(tree)
-        return tuple(leaves)
-
-    traced = _trace(flat, inputs, path, where)
-    aval = lambda shape, dtype: jax.core.ShapedArray(shape, _jax_dtype(dtype))  # noqa: E731
-    exported = to_exported(
-        traced.stablehlo,
-        [aval(tuple(t.shape), t.dtype) for t in leaves],
-        [aval(shape, dtype) for shape, dtype in traced.out_shapes],
-        jax.tree_util.tree_structure((tuple(jax.tree_util.tree_unflatten(args_tree, leaves)), {})),
-        out_tree[0],
-    )
-    return _signed(lambda *args: exported.call(*args), names), names, tuple(trees)
-
-
-def _trace(flat, inputs, path: Path, where):
-    try:
-        return trace_to_stablehlo(flat, inputs)
-    except Exception as exc:
-        if _data_dependent(exc):
-            frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
-            code = f" '{frames[-1].line}'" if frames and frames[-1].line else ""
-            raise FlintError(
-                f"{path.name}: data-dependent control flow at {where(exc, path)}{code}: torch.export "
-                "cannot branch on a tensor's value; use torch.where or torch.cond"
-            ) from exc
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise FlintError(
-            f"{path.name}: torch cannot export the step: {type(exc).__name__} at {where(exc, path)}: "
-            f"{message}"
-        ) from exc
-
-
-def _data_dependent(exc: BaseException) -> bool:
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    return isinstance(exc, (DataDependentOutputException, GuardOnDataDependentSymNode))
-
-
 # ------------------------------------------------------------------------------ the workload
 
 
@@ -374,7 +211,7 @@ def load_torch_workload(module, path: Path, mesh, where):
         if tensor is not None and declared.get(input_path) is not None:
             entries[declared[input_path]] = tensor
         sharding = NamedSharding(mesh, P(*entries))
-        return jax.ShapeDtypeStruct(shape, _jax_dtype(t.dtype), sharding=sharding)
+        return jax.ShapeDtypeStruct(shape, jax_dtype(t.dtype), sharding=sharding)
 
     args = jax.tree_util.tree_map_with_path(abstract, trees)
     return Workload(
