@@ -12,7 +12,10 @@ optimizer is Flint's AdamW (f32 moments, decoupled weight decay) with gpt.py's h
 
 Layout: `tp_plan` is Megatron's, in PyTorch's tensor-parallel idiom: q, k, v and fc1 column-wise,
 o and fc2 row-wise, the embedding row-wise (vocabulary-parallel) and the head column-wise (vocabulary
-split); the batch is split over the data axes.
+split); the batch is split over the data axes. Torch writes `q @ k^T` and `probs @ v` as batched
+matmuls over the merged (batch, heads) dimension, which cannot be split over both axes while a rank
+holds more than one sequence, so XLA gathers the heads and runs the attention core on all of them
+(see tests/test_torch.py for the resulting collectives, derived by hand).
 
     flint extract examples/torch_gpt.py --mesh 2x4 --strategy dp+tp -o traces/
 
