@@ -290,7 +290,7 @@ def check(directory, prefix):
     if violations:
         stderr.print(f"[bold red]{len(violations)} contract violations[/]")
         sys.exit(1)
-    stdout.print(f"{directory}: every rank follows the trace contract")
+    stdout.print(f"{directory}: every rank follows the trace contract", soft_wrap=True)
 
 
 @main.command()
