@@ -10,6 +10,9 @@ arguments as pytrees of `jax.ShapeDtypeStruct` carrying `NamedSharding`s over `m
 `flint.sharding.logical` arrays named by logical axes). Nothing is allocated: shapes and shardings
 are all the compiler needs, so a 70B-parameter step fits anywhere. An optional
 `logical_rules(mesh) -> {name: axes}` gives the model's own rules for its logical axis names.
+
+A model file that defines `model()` (an `nn.Module`) instead of `workload` is a PyTorch model; see
+`flint.torch_frontend` for that convention. It ends up as the same `Workload`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from flint.errors import FlintError
 from flint.sharding import LogicalArray, axes_of
+from flint.torch_bridge import TORCH_MODULES, missing_torch
 
 ENTRY_POINT = "workload"
 RULES_ENTRY_POINT = "logical_rules"
@@ -38,6 +42,9 @@ class Workload:
     step: Callable[..., Any]
     args: tuple[Any, ...]
     rules: Mapping[str, tuple[str, ...]] | None = None
+    tensor_parallel: Mapping[str, int | None] | None = None
+    """Input path -> the dimension the model's own plan splits over the tensor axis (None: kept
+    whole), for inputs whose tensor parallelism shape alone cannot decide (PyTorch `tp_plan`)."""
 
 
 def _where(exc: BaseException, path: Path) -> str:
@@ -62,6 +69,8 @@ def _import(path: Path):
             f"model file {path.name} is not valid Python: {exc.msg} at line {exc.lineno}"
         ) from exc
     except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name in TORCH_MODULES:
+            raise missing_torch(path.name, exc.name) from None
         raise FlintError(
             f"model file {path.name} raised {type(exc).__name__} on import at {_where(exc, path)}: "
             f"{exc}"
@@ -104,6 +113,10 @@ def load_workload(path: Path, mesh) -> Workload:
     """Run the model file and call its `workload(mesh)`."""
     path = Path(path).resolve()
     module = _import(path)
+    from flint.torch_frontend import is_torch_model, load_torch_workload
+
+    if is_torch_model(module):
+        return load_torch_workload(module, path, mesh, _where)
     entry = getattr(module, ENTRY_POINT, None)
     if not callable(entry):
         raise FlintError(

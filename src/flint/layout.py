@@ -45,6 +45,13 @@ split: `w_in [D, F]`, `wq [D, H, k]`, the LM head `[D, V]`); one that ends with 
 first dimension is split: `w_out [F, D]`, `wo [H, k, D]`, the embedding `[V, D]`); vectors stay whole.
 Presets map the logical names `batch` to the batch axes, `vocab`, `heads`, `mlp` to the tensor axis
 and `seq` as above.
+
+PyTorch weights: `nn.Linear` stores [out, in], the transpose of the JAX [in, out], and the shape rule
+still splits the right dimension of a non-square weight (fc1 [F, D] ends with D: its F rows, the
+output features, are split: column-parallel; fc2 [D, F] starts with D: F, its input features:
+row-parallel). A square [D, D] weight cannot be placed by shape (q, k, v are column-parallel, the
+attention output row-parallel), so a model's declared split (`Workload.tensor_parallel`, from a
+PyTorch `tp_plan`) takes precedence over the shape rule for the inputs it names.
 """
 
 from __future__ import annotations
@@ -337,7 +344,19 @@ def _ways(mesh, axes: tuple[str, ...]) -> int:
     return ways
 
 
-def _preset_spec(item: _Input, roles: _Roles, mesh, width, stacked: set[str]) -> Spec:
+def _tensor_split(item: _Input, dims: list[int], width, declared: Mapping[str, int | None]) -> int | None:
+    """The dimension tensor parallelism splits: the model's declared one, else by shape."""
+    if item.path in declared:
+        return declared[item.path]
+    if len(dims) < 2:
+        return None
+    shape = [item.shape[d] for d in dims]
+    return dims[1] if shape[0] == width else dims[0] if shape[-1] == width else None
+
+
+def _preset_spec(
+    item: _Input, roles: _Roles, mesh, width, stacked: set[str], declared: Mapping[str, int | None]
+) -> Spec:
     rank = len(item.shape)
     spec: list[tuple[str, ...]] = [()] * rank
     if item.in_batch:
@@ -348,9 +367,8 @@ def _preset_spec(item: _Input, roles: _Roles, mesh, width, stacked: set[str]) ->
     if first and roles.expert and item.shape[0] % _ways(mesh, roles.expert) == 0:
         spec[0] = roles.expert
     dims = list(range(first, rank))
-    if roles.tensor and len(dims) >= 2:
-        shape = [item.shape[d] for d in dims]
-        split = dims[1] if shape[0] == width else dims[0] if shape[-1] == width else None
+    if roles.tensor:
+        split = _tensor_split(item, dims, width, declared)
         if split is not None and item.shape[split] % _ways(mesh, roles.tensor) == 0:
             spec[split] = roles.tensor
     if roles.fsdp:
@@ -361,14 +379,16 @@ def _preset_spec(item: _Input, roles: _Roles, mesh, width, stacked: set[str]) ->
     return tuple(spec)
 
 
-def _apply_preset(strategy: str, inputs: list[_Input], mesh) -> dict[str, tuple[str, ...]]:
+def _apply_preset(
+    strategy: str, inputs: list[_Input], mesh, declared: Mapping[str, int | None]
+) -> dict[str, tuple[str, ...]]:
     if strategy not in STRATEGIES:
         raise FlintError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     roles = _roles(strategy, mesh)
     stacked = _stacked(inputs)
     width = _model_width(inputs, stacked)
     for item in inputs:
-        item.spec = _preset_spec(item, roles, mesh, width, stacked)
+        item.spec = _preset_spec(item, roles, mesh, width, stacked, declared)
         item.origin = f"strategy {strategy}"
     rules = {"batch": roles.batch} if roles.batch else {}
     rules.update({name: roles.tensor for name in TP_LOGICAL_NAMES if roles.tensor})
@@ -432,7 +452,7 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     rules: dict[str, tuple[str, ...]] = dict(workload.rules or {})
     inputs, treedef = _inputs(workload)
     if request.strategy:
-        rules = _apply_preset(request.strategy, inputs, mesh)
+        rules = _apply_preset(request.strategy, inputs, mesh, workload.tensor_parallel or {})
     for name, axes, origin in request.rules:
         _check_axes(axes, mesh, f"rule {name}={'+'.join(axes)} ({origin})")
         rules[name] = axes
