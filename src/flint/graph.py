@@ -19,14 +19,22 @@ edges marked `ctrl=True` add the schedule's order: each node follows the one sch
 except that work after an async start does not wait for the collective until its done.
 
 All ranks run the same SPMD program, so one graph serves every rank; emission resolves per rank the
-group of a collective and the peers of a permute.
+group of a collective and the peers of a permute. A pipelined graph (`flint.pipelining`) is the
+exception: it joins copies of one stage's graph for every stage, and a node with a `stage` attribute
+is run only by that stage's ranks (`WorkloadGraph.stages`).
+
+Nodes unrolled from a top-level `while` are recorded with the loop and the iteration they come from,
+and each such loop with the nodes that produce its results, so later stages can find the layer
+loops of a step (pipelining splits a step at them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 
 from flint import collectives
 from flint.costs import COLLECTIVE, FREE, cost_of
@@ -36,16 +44,48 @@ from flint.parse import CONTROL_FLOW, Op, Program, Region
 
 
 @dataclass(frozen=True)
+class LoopRun:
+    """A top-level `while` as unrolled: its trip count and, per result, the nodes producing it."""
+
+    trips: int
+    results: tuple[frozenset[int], ...]
+
+
+@dataclass(frozen=True)
 class WorkloadGraph:
-    """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule."""
+    """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule.
+
+    `loops` are the top-level loops in program order; `loop_of[node]` is `(loop, iteration)` for a
+    node unrolled from one. `stages[s]` are the ranks of pipeline stage s, for a graph whose nodes
+    carry a `stage` attribute (empty otherwise: every rank runs every node).
+    """
 
     graph: nx.DiGraph
     num_ranks: int
     unknown_ops: tuple[str, ...]
+    loops: tuple[LoopRun, ...] = ()
+    loop_of: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    stages: tuple[tuple[int, ...], ...] = ()
 
     def nodes(self):
         """`(id, attributes)` in program (topological) order."""
         return sorted(self.graph.nodes(data=True))
+
+    def stage_of_rank(self) -> np.ndarray:
+        """Each rank's pipeline stage, -1 for every rank of a graph without stages."""
+        stage_of = np.full(self.num_ranks, -1, dtype=np.int64)
+        for stage, ranks in enumerate(self.stages):
+            stage_of[list(ranks)] = stage
+        return stage_of
+
+    def on_rank(self, rank: int) -> nx.DiGraph:
+        """The nodes `rank` runs: all of them, or those of its stage and the unstaged ones."""
+        if not self.stages:
+            return self.graph
+        stage = int(self.stage_of_rank()[rank])
+        return self.graph.subgraph(
+            n for n, s in self.graph.nodes(data="stage") if s is None or s == stage
+        )
 
 
 def _static_cost(region: Region) -> tuple[int, int]:
@@ -73,6 +113,9 @@ class _Builder:
         self.scheduled = scheduled
         self.last: frozenset[int] = frozenset()  # what the next scheduled node must follow
         self.in_flight: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
+        self.loops: list[LoopRun] = []
+        self.loop_of: dict[int, tuple[int, int]] = {}
+        self.top_loop: tuple[int, int] | None = None  # (loop, iteration) being unrolled
 
     def deps(self, values) -> frozenset[int]:
         found: frozenset[int] = frozenset()
@@ -103,6 +146,8 @@ class _Builder:
             self.last = frozenset((node,))
         for value in op.results:
             self.producers[value] = frozenset((node,))
+        if self.top_loop is not None:
+            self.loop_of[node] = self.top_loop
 
     def track_constant(self, op: Op) -> None:
         """Remember integer scalars (constants and copies of them): loop bounds are made of them."""
@@ -120,11 +165,17 @@ class _Builder:
                 )
             trips = self.loop_trips
         _, body = loop.regions
+        top = self.top_loop is None
         self.bind(body.arguments, loop.operands)
-        for _ in range(trips):
+        for iteration in range(trips):
+            if top:
+                self.top_loop = (len(self.loops), iteration)
             self.region(body)
             self.bind(body.arguments, body.results)
         self.bind(loop.results, body.arguments)
+        if top:
+            self.top_loop = None
+            self.loops.append(LoopRun(trips, tuple(self.deps((v,)) for v in loop.results)))
 
     def branch(self, op: Op) -> None:
         chosen = max(op.regions, key=_static_cost)
@@ -202,4 +253,10 @@ def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None)
     """Turn the parsed program into the straight-line workload graph every rank runs."""
     builder = _Builder(num_ranks, loop_trips, program.scheduled)
     builder.region(program.body)
-    return WorkloadGraph(builder.graph, num_ranks, tuple(sorted(builder.unknown)))
+    return WorkloadGraph(
+        builder.graph,
+        num_ranks,
+        tuple(sorted(builder.unknown)),
+        tuple(builder.loops),
+        builder.loop_of,
+    )
