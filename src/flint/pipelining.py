@@ -84,7 +84,9 @@ class PipelineRequest:
         if self.schedule not in SCHEDULES:
             raise FlintError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if S < 2 or M < 1 or V < 1:
-            raise FlintError("--pipeline-stages needs 2 or more stages, --microbatches and --virtual-stages 1 or more")
+            raise FlintError(
+                "--pipeline-stages needs 2 or more stages, --microbatches and --virtual-stages 1 or more"
+            )
         if self.schedule == "interleaved" and (V < 2 or M % S):
             raise FlintError(
                 f"--schedule interleaved needs --virtual-stages 2 or more and microbatches divisible "
@@ -169,7 +171,7 @@ def schedule(request: PipelineRequest, stage: int) -> list[Work]:
     return interleaved(S, M, request.virtual_stages, stage)
 
 
-# ------------------------------------------------------------------------------ the mesh and the piece compiled
+# ------------------------------------------------------------------------------ the piece compiled
 
 
 def stage_mesh(mesh: MeshSpec, axis: int) -> MeshSpec:
@@ -346,7 +348,8 @@ class _Composer:
         self.by_region = {r: regions.nodes(r) for r in (PRE, FWD, MID, BWD, POST)}
         self._groups: dict[tuple, tuple] = {}
 
-    def on_stage(self, ranks_of_piece: tuple[tuple[int, ...], ...], stage: int) -> tuple[tuple[int, ...], ...]:
+    def on_stage(self, ranks_of_piece: tuple[tuple[int, ...], ...], stage: int) -> tuple:
+        """Groups (or the sources and targets of pairs) of the piece's ranks as `stage`'s ranks."""
         key = (ranks_of_piece, stage)
         if key not in self._groups:
             self._groups[key] = tuple(tuple(int(self.ranks[stage, q]) for q in g) for g in ranks_of_piece)
@@ -367,7 +370,8 @@ class _Composer:
             if node in skip:
                 copied[node] = tuple(sorted(data_deps | ctrl_deps))
                 continue
-            data = dict(self.piece.nodes[node], name=f"{label} {self.piece.nodes[node]['name']}", stage=stage)
+            data = dict(self.piece.nodes[node], stage=stage)
+            data["name"] = f"{label} {data['name']}"
             if "groups" in data:
                 data["groups"] = self.on_stage(data["groups"], stage)
             if "pairs" in data:
@@ -406,7 +410,9 @@ class _Composer:
     def last_virtual(self) -> int:
         return self.request.stages * self.request.virtual_stages - 1
 
-    def send(self, work: Work, stage: int, to: int, sources: frozenset[int], context: dict, nbytes: int) -> None:
+    def send(
+        self, work: Work, stage: int, to: int, sources: frozenset[int], context: dict, nbytes: int
+    ) -> None:
         """The permute carrying a unit's output from every rank of `stage` to its peer on `to`."""
         deps = set()
         for node in sources:
@@ -472,7 +478,8 @@ class _Composer:
         for stage in range(S):
             for chunk in range(V):
                 first = self.out.number_of_nodes()
-                self.copy(POST, stage, f"U.{chunk}", dict(self.units[stage, Work(BACKWARD, M - 1, chunk)]))
+                context = dict(self.units[stage, Work(BACKWARD, M - 1, chunk)])
+                self.copy(POST, stage, f"U.{chunk}", context)
                 self.order_after_previous(stage, list(range(first, self.out.number_of_nodes())))
         return self.out
 
