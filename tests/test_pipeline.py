@@ -170,6 +170,28 @@ def test_stages_send_activations_forward_and_gradients_back(traces, schedule):
     assert check_traces(traces(schedule)) == []
 
 
+def test_embedding_runs_on_the_first_stage_and_head_on_the_last(traces):
+    """Per layer 8 forward matmuls (q, k, v, QK^T, PV, output, w_in, w_out) and 16 backward ones, 4
+    layers per stage, M microbatches: 256 and 512 on every stage. The first stage also looks up
+    the embedding per microbatch (a gather) and scatters its gradient once per step; the last runs
+    the head (and its input gradient, which the layers' backward needs) per microbatch and the
+    head's weight gradient once per step (`U.0`)."""
+    directory = traces("1f1b")
+    for rank in range(0, 2 * S, 2):
+        stage = rank // 2
+        ops = Counter(
+            (node.name[0], attr_value(node, "op"))
+            for node in read_rank(directory, rank).nodes
+            if attr_value(node, "op") in ("dot_general", "gather", "scatter")
+        )
+        expected = Counter({("F", "dot_general"): 8 * 4 * M, ("B", "dot_general"): 16 * 4 * M})
+        if stage == 0:
+            expected += Counter({("F", "gather"): M, ("U", "scatter"): 1})
+        if stage == S - 1:
+            expected += Counter({("F", "dot_general"): 2 * M, ("U", "dot_general"): 1})
+        assert ops == expected, rank
+
+
 def test_manifest_records_the_compiled_activation(traces):
     manifest = json.loads((traces("1f1b") / "manifest.json").read_text())
     assert manifest["pipeline"] == {

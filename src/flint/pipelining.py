@@ -12,12 +12,15 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
 2. That graph is split at its layer loops: the first and the last top-level `while` with the
    chunk's trip count are the forward (FWD) and the backward (BWD) layers. PRE is every other
    ancestor of FWD (the embedding), MID what follows FWD and leads to BWD (final layernorm, head,
-   loss and their backward down to the layers' output gradient), POST the rest (the embedding's and
-   head's weight gradients, loss reductions, the optimizer).
+   loss and their backward down to the layers' output gradient), POST the rest, split by what it
+   follows: after the gradient leaving the layers and no weight gradient of theirs, the embedding's
+   gradient and update (POST_FIRST); after the forward or MID but not BWD, the head's weight
+   gradient, the loss reductions and their updates (POST_LAST); the rest, the layers' update.
 3. One graph for the whole mesh joins copies, each run only by one stage's ranks (node attribute
    `stage`). Chunk c of stage s is virtual stage c·S + s. Per microbatch m: F(m, c) is a copy of
    FWD (with PRE before it on virtual stage 0, MID after it on the last); B(m, c) one of BWD. Once
-   per step and chunk each stage then runs POST. A virtual stage sends its forward output to the
+   per step and chunk each stage then runs POST (with POST_FIRST on virtual stage 0, POST_LAST on
+   the last). A virtual stage sends its forward output to the
    next and its input gradient back to the one before (chunk boundaries wrap from the last stage to
    the first): a `collective_permute` from each rank of one stage to the rank at the same position
    of the other mesh axes on the other, of the bytes the compiled forward loop carries from layer to
@@ -31,11 +34,10 @@ that do not lead to the gradient sent to the previous stage are kept only in eac
 B (microbatch M-1, where Megatron overlaps them with the backward too).
 
 Approximate, and said so in the README:
-- POST runs on every stage once per chunk. The layers' optimizer update is exactly one chunk's,
-  but the embedding's and head's weight gradients (computed once, not per microbatch), their
-  reductions and updates, and the loss reductions appear on every stage instead of only on the first
-  or last one;
-- the adds that accumulate weight gradients over microbatches are not modelled;
+- the embedding's and the head's weight gradients (POST_FIRST, POST_LAST) are computed once per
+  step, from the last microbatch, instead of once per microbatch;
+- the adds that accumulate weight gradients over microbatches are not modelled, and the optimizer's
+  step-count scalars are repeated for every chunk;
 - a POST node that BWD depends on (none in the bundled models) is not waited for.
 """
 
@@ -58,7 +60,9 @@ from flint.parse import Op, Program
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 STAGE_AXES = ("pp", "stage")
 FORWARD, BACKWARD = "F", "B"
-PRE, FWD, MID, BWD, POST = "pre", "fwd", "mid", "bwd", "post"
+PRE, FWD, MID, BWD = "pre", "fwd", "mid", "bwd"
+POST, POST_FIRST, POST_LAST = "post", "post-first", "post-last"
+REGIONS = (PRE, FWD, MID, BWD, POST, POST_FIRST, POST_LAST)
 
 
 class Work(NamedTuple):
@@ -299,7 +303,8 @@ def find_regions(graph: WorkloadGraph, program: Program, chunk_layers: int) -> R
     g = graph.graph
     pre = _reach(g, fwd, forward=False) - fwd - bwd
     mid = (_reach(g, fwd, forward=True) & _reach(g, bwd, forward=False)) - fwd - bwd - pre
-    region_of = {n: POST for n in g}
+    post = set(g) - pre - mid - fwd - bwd
+    region_of = {n: POST for n in post}
     region_of.update({n: PRE for n in pre} | {n: MID for n in mid})
     region_of.update({n: FWD for n in fwd} | {n: BWD for n in bwd})
 
@@ -314,6 +319,12 @@ def find_regions(graph: WorkloadGraph, program: Program, chunk_layers: int) -> R
     sends_forward, activation_bytes = crossing(forward)
     sends_backward, gradient_bytes = crossing(backward)
     on_path = _reach(g, sends_backward, forward=False) | sends_backward
+    # POST work on the embedding's gradient follows the gradient out of the layers and no weight
+    # gradient of theirs; on the head's follows the forward or the head but not the layers' backward
+    after_weights = _reach(g, bwd - on_path, forward=True)
+    embedding = (_reach(g, sends_backward, forward=True) & post) - after_weights
+    head = (_reach(g, fwd | mid, forward=True) & post) - _reach(g, bwd, forward=True)
+    region_of.update({n: POST_FIRST for n in embedding} | {n: POST_LAST for n in head})
     sync = {
         n for n in bwd
         if g.nodes[n]["kind"] == "collective"
@@ -345,7 +356,7 @@ class _Composer:
         self.units: dict[tuple[int, Work], dict[str, Copy]] = {}  # (stage, work) -> region copies
         self.permutes: dict[tuple[str, int, int], int] = {}  # (kind, microbatch, virtual stage) -> node
         self.last: dict[int, list[int]] = {}  # stage -> nodes of its previous unit
-        self.by_region = {r: regions.nodes(r) for r in (PRE, FWD, MID, BWD, POST)}
+        self.by_region = {r: regions.nodes(r) for r in REGIONS}
         self._groups: dict[tuple, tuple] = {}
 
     def on_stage(self, ranks_of_piece: tuple[tuple[int, ...], ...], stage: int) -> tuple:
@@ -355,12 +366,16 @@ class _Composer:
             self._groups[key] = tuple(tuple(int(self.ranks[stage, q]) for q in g) for g in ranks_of_piece)
         return self._groups[key]
 
-    def copy(self, region: str, stage: int, label: str, context: dict, skip=frozenset()) -> Copy:
-        """Copy one region onto `stage`; a piece's edge from another region resolves through
-        `context` (region -> its copy here, or the nodes standing for all of it), else is dropped."""
-        copied: Copy = {}
-        context[region] = copied
-        for node in self.by_region[region]:
+    def copy(
+        self, regions: tuple[str, ...], stage: int, label: str, context: dict, skip=frozenset()
+    ) -> None:
+        """Copy regions onto `stage`, their nodes in the piece's order; an edge of the piece from
+        another region resolves through `context` (region -> its copy here, or the nodes standing
+        for all of it), else is dropped."""
+        for region in regions:
+            context[region] = {}
+        for node in sorted(n for region in regions for n in self.by_region[region]):
+            copied = context[self.regions.region_of[node]]
             data_deps: set[int] = set()
             ctrl_deps: set[int] = set()
             for pred, edge in self.piece.pred[node].items():
@@ -377,7 +392,6 @@ class _Composer:
             if "pairs" in data:
                 data["pairs"] = tuple(zip(*self.on_stage(tuple(zip(*data["pairs"])), stage)))
             copied[node] = (self.add(data, data_deps, ctrl_deps - data_deps),)
-        return copied
 
     def add(self, data: dict, deps, ctrl=()) -> int:
         node = self.out.number_of_nodes()
@@ -439,13 +453,10 @@ class _Composer:
         first = self.out.number_of_nodes()
         if work.kind == FORWARD:
             context: dict = {}
-            if v == 0:
-                self.copy(PRE, stage, label, context)
-            else:
+            if v > 0:
                 context[PRE] = (self.permutes[FORWARD, m, v - 1],)
-            self.copy(FWD, stage, label, context)
-            if v == self.last_virtual:
-                self.copy(MID, stage, label, context)
+            regions = ((PRE,) if v == 0 else ()) + (FWD,) + ((MID,) if v == self.last_virtual else ())
+            self.copy(regions, stage, label, context)
             end = self.out.number_of_nodes()
             if v < self.last_virtual:
                 sources, nbytes = self.regions.sends_forward, self.regions.activation_bytes
@@ -455,7 +466,7 @@ class _Composer:
             if v < self.last_virtual:
                 context[MID] = (self.permutes[BACKWARD, m, v + 1],)
             skip = self.regions.gradient_sync if m < M - 1 else frozenset()
-            self.copy(BWD, stage, label, context, skip)
+            self.copy((BWD,), stage, label, context, skip)
             end = self.out.number_of_nodes()
             if v > 0:
                 sources, nbytes = self.regions.sends_backward, self.regions.gradient_bytes
@@ -478,8 +489,11 @@ class _Composer:
         for stage in range(S):
             for chunk in range(V):
                 first = self.out.number_of_nodes()
+                v = chunk * S + stage
+                regions = (POST,) + ((POST_FIRST,) if v == 0 else ())
+                regions += (POST_LAST,) if v == self.last_virtual else ()
                 context = dict(self.units[stage, Work(BACKWARD, M - 1, chunk)])
-                self.copy(POST, stage, f"U.{chunk}", context)
+                self.copy(regions, stage, f"U.{chunk}", context)
                 self.order_after_previous(stage, list(range(first, self.out.number_of_nodes())))
         return self.out
 
