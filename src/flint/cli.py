@@ -107,6 +107,13 @@ def _format_summary(summary: dict) -> None:
         stdout.print(f"  {kind:<21} {coll['count']} per rank, {coll['bytes']:,} bytes")
     if not totals["collectives"]:
         stdout.print("  no collectives")
+    if "pipeline" in summary:
+        p = summary["pipeline"]
+        stdout.print(
+            f"  pipeline              {p['stages']} stages x {p['microbatches']} microbatches "
+            f"({p['schedule']}), {p['activation_bytes']:,} bytes per activation",
+            soft_wrap=True,
+        )
     stdout.print(f"wrote {summary['output']} ({summary['files']} files) in {summary['seconds']:.1f} s")
 
 
@@ -181,7 +188,7 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
     from flint.backend import parse_backend
     from flint.emit import prepare_output
     from flint.layout import LayoutRequest, merge, parse_rule, parse_shard, read_config
-    from flint.pipeline import ExtractRequest, extract as run_extract
+    from flint.pipeline import ExtractRequest, extract as run_extract, pipeline_summary
 
     started = time.perf_counter()
     pipeline = _pipeline_request(stages, microbatches, pipeline_schedule, virtual_stages)
@@ -228,6 +235,8 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
         "ranks_alike": len(result.totals) == 1,
         "seconds": round(time.perf_counter() - started, 3),
     }
+    if pipeline:
+        summary["pipeline"] = pipeline_summary(pipeline, result.regions)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

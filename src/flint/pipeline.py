@@ -127,10 +127,11 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
             {"ranks": rank_ranges, **totals.as_json()} for rank_ranges, totals in extraction.totals
         ],
         "command": request.command,
-    } | ({"pipeline": _pipeline_json(request.pipeline, extraction.regions)} if request.pipeline else {})
+    } | ({"pipeline": pipeline_summary(request.pipeline, extraction.regions)} if request.pipeline else {})
 
 
-def _pipeline_json(pipeline: PipelineRequest, regions: Regions) -> dict:
+def pipeline_summary(pipeline: PipelineRequest, regions: Regions) -> dict:
+    """The schedule asked for and what the compiled piece gave it, for the manifest and summary."""
     return {
         "stages": pipeline.stages,
         "microbatches": pipeline.microbatches,
