@@ -20,13 +20,13 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    `stage`). Chunk c of stage s is virtual stage c·S + s. Per microbatch m: F(m, c) is a copy of
    FWD (with PRE before it on virtual stage 0, MID after it on the last); B(m, c) one of BWD. Once
    per step and chunk each stage then runs POST (with POST_FIRST on virtual stage 0, POST_LAST on
-   the last). A virtual stage sends its forward output to the
-   next and its input gradient back to the one before (chunk boundaries wrap from the last stage to
-   the first): a `collective_permute` from each rank of one stage to the rank at the same position
-   of the other mesh axes on the other, of the bytes the compiled forward loop carries from layer to
-   layer (the backward loop's for gradients). Each stage's units follow its schedule: every unit's
-   first nodes wait (`ctrl`) for the last nodes of the unit before it, so a simulator reproduces the
-   schedule's bubble.
+   the last). A virtual stage sends its forward output to the next and its input gradient back to
+   the one before (chunk boundaries wrap from the last stage to the first): a `collective_permute`
+   from each rank of one stage to the rank at the same position of the other mesh axes on the
+   other, of the bytes the compiled forward loop carries from layer to layer (the backward loop's
+   for gradients). Each stage's units follow its schedule: every unit's first nodes wait (`ctrl`)
+   for the last nodes of the unit before it, so a simulator reproduces the schedule's bubble. Nodes
+   are named after their unit: `F3.0 <op>`, `B3.0 <op>`, `U.0 <op>` for the per-step work.
 
 Gradient syncs: a one-microbatch compile reduces each layer's weight gradient over the data group
 inside BWD; a real step accumulates gradients over microbatches and syncs once. Collectives of BWD
