@@ -24,8 +24,9 @@ exception: it joins copies of one stage's graph for every stage, and a node with
 is run only by that stage's ranks (`WorkloadGraph.stages`).
 
 Nodes unrolled from a top-level `while` are recorded with the loop and the iteration they come from,
-and each such loop with the nodes that produce its results, so later stages can find the layer
-loops of a step (pipelining splits a step at them).
+each such loop with the nodes that produce its results, and every node with the entry arguments it
+reads, so later stages can find the layer loops of a step and what reads the batch or the
+optimizer state (pipelining splits a step by them).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class WorkloadGraph:
     """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule.
 
     `loops` are the top-level loops in program order; `loop_of[node]` is `(loop, iteration)` for a
-    node unrolled from one. `stages[s]` are the ranks of pipeline stage s, for a graph whose nodes
+    node unrolled from one. `reads[node]` are the positions of the entry arguments a node reads
+    directly or through free ops (nodes that read none are left out). `stages[s]` are the ranks of pipeline stage s, for a graph whose nodes
     carry a `stage` attribute (empty otherwise: every rank runs every node).
     """
 
@@ -65,6 +67,7 @@ class WorkloadGraph:
     unknown_ops: tuple[str, ...]
     loops: tuple[LoopRun, ...] = ()
     loop_of: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    reads: Mapping[int, frozenset[int]] = field(default_factory=dict)
     stages: tuple[tuple[int, ...], ...] = ()
 
     def nodes(self):
@@ -116,6 +119,8 @@ class _Builder:
         self.loops: list[LoopRun] = []
         self.loop_of: dict[int, tuple[int, int]] = {}
         self.top_loop: tuple[int, int] | None = None  # (loop, iteration) being unrolled
+        self.inputs: dict[int, frozenset[int]] = {}  # value -> entry arguments it passes on
+        self.reads: dict[int, frozenset[int]] = {}
 
     def deps(self, values) -> frozenset[int]:
         found: frozenset[int] = frozenset()
@@ -123,16 +128,24 @@ class _Builder:
             found |= self.producers.get(value, frozenset())
         return found
 
+    def read(self, values) -> frozenset[int]:
+        found: frozenset[int] = frozenset()
+        for value in values:
+            found |= self.inputs.get(value, frozenset())
+        return found
+
     def bind(self, targets, sources) -> None:
         """Make each target value stand for what produced the matching source value."""
-        bound = [self.producers.get(v, frozenset()) for v in sources]
-        for target, deps in zip(targets, bound):
+        bound = [(self.producers.get(v, frozenset()), self.inputs.get(v, frozenset())) for v in sources]
+        for target, (deps, read) in zip(targets, bound):
             self.producers[target] = deps
+            self.inputs[target] = read
 
     def passthrough(self, op: Op) -> None:
-        deps = self.deps(op.operands)
+        deps, read = self.deps(op.operands), self.read(op.operands)
         for value in op.results:
             self.producers[value] = deps
+            self.inputs[value] = read
 
     def add(self, op: Op, attributes: dict) -> None:
         node = self.graph.number_of_nodes()
@@ -148,6 +161,9 @@ class _Builder:
             self.producers[value] = frozenset((node,))
         if self.top_loop is not None:
             self.loop_of[node] = self.top_loop
+        read = self.read(op.operands)
+        if read:
+            self.reads[node] = read
 
     def track_constant(self, op: Op) -> None:
         """Remember integer scalars (constants and copies of them): loop bounds are made of them."""
@@ -252,6 +268,7 @@ class _Builder:
 def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None) -> WorkloadGraph:
     """Turn the parsed program into the straight-line workload graph every rank runs."""
     builder = _Builder(num_ranks, loop_trips, program.scheduled)
+    builder.inputs = {value: frozenset((i,)) for i, value in enumerate(program.body.arguments)}
     builder.region(program.body)
     return WorkloadGraph(
         builder.graph,
@@ -259,4 +276,5 @@ def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None)
         tuple(sorted(builder.unknown)),
         tuple(builder.loops),
         builder.loop_of,
+        builder.reads,
     )

@@ -241,7 +241,9 @@ def extract(
     graph = build_graph(program, compiled_mesh.size, request.loop_trips)
     regions = None
     if request.pipeline:
-        graph, regions = pipeline_graph(graph, program, request.pipeline, request.mesh, chunk_layers)
+        graph, regions = pipeline_graph(
+            graph, program, layout, request.pipeline, request.mesh, chunk_layers
+        )
     if graph.unknown_ops and request.strict:
         raise FlintError(
             f"no cost rule for {', '.join(graph.unknown_ops)} (--strict): drop --strict to emit "

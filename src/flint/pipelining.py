@@ -10,34 +10,41 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    layers. Partitioning, parsing and graph building are as usual, so data and tensor parallelism
    and FSDP on the other mesh axes are the compiler's.
 2. That graph is split at its layer loops: the first and the last top-level `while` with the
-   chunk's trip count are the forward (FWD) and the backward (BWD) layers. PRE is every other
-   ancestor of FWD (the embedding), MID what follows FWD and leads to BWD (final layernorm, head,
-   loss and their backward down to the layers' output gradient), POST the rest, split by what it
-   follows: after the gradient leaving the layers and no weight gradient of theirs, the embedding's
-   gradient and update (POST_FIRST); after the forward or MID but not BWD, the head's weight
-   gradient, the loss reductions and their updates (POST_LAST); the rest, the layers' update.
+   chunk's trip count are the forward (FWD) and the backward (BWD) layers. Of the other ancestors
+   of FWD, those that follow the batch are PRE (the embedding), the rest LOCAL (the causal mask,
+   zeroed stash buffers, copies of the chunk's parameters). MID is what follows FWD and leads to
+   BWD (final layernorm, head, loss and their backward down to the layers' output gradient). The
+   rest is split twice. By what it follows: after the gradient leaving the layers and no weight
+   gradient of theirs, the embedding's (FIRST); after FWD or MID but not BWD, the head's (LAST);
+   else the layers'. And by when it runs: what reads the optimizer state or the parameters (any
+   entry argument but the batch), or follows what does, is the per-step update (POST, POST_FIRST,
+   POST_LAST); the rest runs with every backward (GRAD, GRAD_FIRST, GRAD_LAST: weight gradients of
+   the embedding and the head, zeroed gradient buffers). If the compiler dropped unused entry
+   arguments, which of them is the batch is not known: all of PRE and POST are then per step.
 3. One graph for the whole mesh joins copies, each run only by one stage's ranks (node attribute
    `stage`). Chunk c of stage s is virtual stage c·S + s. Per microbatch m: F(m, c) is a copy of
-   FWD (with PRE before it on virtual stage 0, MID after it on the last); B(m, c) one of BWD. Once
-   per step and chunk each stage then runs POST (with POST_FIRST on virtual stage 0, POST_LAST on
-   the last). A virtual stage sends its forward output to the next and its input gradient back to
-   the one before (chunk boundaries wrap from the last stage to the first): a `collective_permute`
-   from each rank of one stage to the rank at the same position of the other mesh axes on the
-   other, of the bytes the compiled forward loop carries from layer to layer (the backward loop's
-   for gradients). Each stage's units follow its schedule: every unit's first nodes wait (`ctrl`)
-   for the last nodes of the unit before it, so a simulator reproduces the schedule's bubble. Nodes
-   are named after their unit: `F3.0 <op>`, `B3.0 <op>`, `U.0 <op>` for the per-step work.
+   LOCAL and FWD (with PRE before them on virtual stage 0, MID after them on the last); B(m, c) one
+   of BWD and GRAD (with GRAD_FIRST on virtual stage 0, GRAD_LAST on the last). Once per step and
+   chunk each stage then runs POST (with POST_FIRST, POST_LAST likewise). A virtual stage sends its
+   forward output to the next and its input gradient back to the one before (chunk boundaries wrap
+   from the last stage to the first): a `collective_permute` from each rank of one stage to the rank
+   at the same position of the other mesh axes on the other, of the bytes the compiled forward loop
+   carries from layer to layer (the backward loop's for gradients). Each stage's units follow its
+   schedule: every unit's first nodes wait (`ctrl`) for the last nodes of the unit before it and for
+   what the unit receives, so a unit starts as a whole and a simulator reproduces the schedule's
+   bubble. Nodes are named after their unit: `F3.0 <op>`, `B3.0 <op>`, `U.0 <op>` for the update.
 
-Gradient syncs: a one-microbatch compile reduces each layer's weight gradient over the data group
-inside BWD; a real step accumulates gradients over microbatches and syncs once. Collectives of BWD
-that do not lead to the gradient sent to the previous stage are kept only in each chunk's last
-B (microbatch M-1, where Megatron overlaps them with the backward too).
+Gradient syncs: a one-microbatch compile reduces each weight gradient over the data group in every
+backward; a real step accumulates gradients over microbatches and syncs once. All-reduces and
+reduce-scatters of B units that lead to the update but not to the gradient sent to the previous
+stage are kept only in each chunk's last B (microbatch M-1, where Megatron overlaps them with the
+backward too).
 
 Approximate, and said so in the README:
-- the embedding's and the head's weight gradients (POST_FIRST, POST_LAST) are computed once per
-  step, from the last microbatch, instead of once per microbatch;
-- the adds that accumulate weight gradients over microbatches are not modelled, and the optimizer's
-  step-count scalars are repeated for every chunk;
+- the adds that accumulate weight gradients over microbatches are not modelled;
+- the optimizer's elementwise work on a gradient alone, before it meets the optimizer state
+  (AdamW's g² and (1 - β)·g), runs with every backward; its step-count scalars repeat for every
+  chunk;
 - a POST node that BWD depends on (none in the bundled models) is not waited for.
 """
 
@@ -60,9 +67,12 @@ from flint.parse import Op, Program
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 STAGE_AXES = ("pp", "stage")
 FORWARD, BACKWARD = "F", "B"
-PRE, FWD, MID, BWD = "pre", "fwd", "mid", "bwd"
+PRE, LOCAL, FWD, MID, BWD = "pre", "local", "fwd", "mid", "bwd"
 POST, POST_FIRST, POST_LAST = "post", "post-first", "post-last"
-REGIONS = (PRE, FWD, MID, BWD, POST, POST_FIRST, POST_LAST)
+GRAD, GRAD_FIRST, GRAD_LAST = "grad", "grad-first", "grad-last"
+PER_MICROBATCH = {POST: GRAD, POST_FIRST: GRAD_FIRST, POST_LAST: GRAD_LAST}
+REGIONS = (PRE, LOCAL, FWD, MID, BWD, POST, POST_FIRST, POST_LAST, GRAD, GRAD_FIRST, GRAD_LAST)
+SYNCS = ("all_reduce", "reduce_scatter")
 
 
 class Work(NamedTuple):
@@ -287,8 +297,11 @@ def _reach(graph: nx.DiGraph, start, forward: bool) -> set[int]:
     return seen
 
 
-def find_regions(graph: WorkloadGraph, program: Program, chunk_layers: int) -> Regions:
-    """Split the compiled piece at its forward and backward layer loops (module docstring)."""
+def find_regions(
+    graph: WorkloadGraph, program: Program, chunk_layers: int, batch: frozenset[int] | None
+) -> Regions:
+    """Split the compiled piece at its forward and backward layer loops (module docstring);
+    `batch` are the positions of the batch's entry arguments (None: not known)."""
     loops = [op for op in program.body.ops if op.opcode == "while"]
     layer_loops = [i for i, run in enumerate(graph.loops) if run.trips == chunk_layers]
     if len(loops) != len(graph.loops) or len(layer_loops) < 2:
@@ -303,9 +316,14 @@ def find_regions(graph: WorkloadGraph, program: Program, chunk_layers: int) -> R
     g = graph.graph
     pre = _reach(g, fwd, forward=False) - fwd - bwd
     mid = (_reach(g, fwd, forward=True) & _reach(g, bwd, forward=False)) - fwd - bwd - pre
-    post = set(g) - pre - mid - fwd - bwd
+    local: set[int] = set()
+    if batch is not None:  # what before the layers does not follow the batch is every stage's
+        embedding = {n for n in pre if graph.reads.get(n, frozenset()) & batch}
+        embedding |= _reach(g.subgraph(pre), embedding, forward=True)
+        pre, local = embedding, pre - embedding
+    post = set(g) - pre - local - mid - fwd - bwd
     region_of = {n: POST for n in post}
-    region_of.update({n: PRE for n in pre} | {n: MID for n in mid})
+    region_of.update({n: PRE for n in pre} | {n: LOCAL for n in local} | {n: MID for n in mid})
     region_of.update({n: FWD for n in fwd} | {n: BWD for n in bwd})
 
     def crossing(loop: int) -> tuple[frozenset[int], int]:
@@ -319,16 +337,28 @@ def find_regions(graph: WorkloadGraph, program: Program, chunk_layers: int) -> R
     sends_forward, activation_bytes = crossing(forward)
     sends_backward, gradient_bytes = crossing(backward)
     on_path = _reach(g, sends_backward, forward=False) | sends_backward
-    # POST work on the embedding's gradient follows the gradient out of the layers and no weight
-    # gradient of theirs; on the head's follows the forward or the head but not the layers' backward
+    # After the layers, the embedding's work follows the gradient out of the layers and no weight
+    # gradient of theirs; the head's follows the forward or the head but not the layers' backward
     after_weights = _reach(g, bwd - on_path, forward=True)
-    embedding = (_reach(g, sends_backward, forward=True) & post) - after_weights
-    head = (_reach(g, fwd | mid, forward=True) & post) - _reach(g, bwd, forward=True)
-    region_of.update({n: POST_FIRST for n in embedding} | {n: POST_LAST for n in head})
+    embedding_tail = (_reach(g, sends_backward, forward=True) & post) - after_weights
+    head_tail = (_reach(g, fwd | mid, forward=True) & post) - _reach(g, bwd, forward=True)
+    region_of.update({n: POST_FIRST for n in embedding_tail} | {n: POST_LAST for n in head_tail})
+    # The update reads the optimizer state or the parameters (or follows what does); the rest of
+    # POST is per microbatch. Reductions of BWD and of that rest which lead to the update, but not
+    # to the gradient sent back, are gradient syncs.
+    syncs_of = (BWD,)
+    leads_to_update = set(g)
+    if batch is not None:
+        update = {n for n in post if graph.reads.get(n, frozenset()) - batch}
+        update |= _reach(g.subgraph(post), update, forward=True)
+        region_of.update({n: PER_MICROBATCH[region_of[n]] for n in post - update})
+        syncs_of += (GRAD, GRAD_FIRST, GRAD_LAST)
+        leads_to_update = _reach(g, update, forward=False)
     sync = {
-        n for n in bwd
-        if g.nodes[n]["kind"] == "collective"
-        and g.nodes[n]["collective"] != "collective_permute"
+        n for n, region in region_of.items()
+        if region in syncs_of
+        and g.nodes[n].get("collective") in SYNCS
+        and n in leads_to_update
         and n not in on_path
     }
     return Regions(
@@ -402,12 +432,13 @@ class _Composer:
             self.out.add_edge(dep, node, ctrl=True)
         return node
 
-    def order_after_previous(self, stage: int, nodes: list[int]) -> None:
-        """The unit's first nodes wait for the last nodes of the stage's previous unit."""
+    def order_after_previous(self, stage: int, nodes: list[int], received: tuple[int, ...] = ()) -> None:
+        """The unit's first nodes wait for the last nodes of the stage's previous unit and for
+        what the unit receives: a unit starts as a whole, as the schedule has it."""
         previous, inside = set(self.last.get(stage, ())), set(nodes)
         ends = [n for n in sorted(previous) if not any(s in previous for s in self.out.succ[n])]
         starts = [n for n in nodes if not any(p in inside for p in self.out.pred[n])]
-        for end in ends:
+        for end in ends + list(received):
             for start in starts:
                 if not self.out.has_edge(end, start):
                     self.out.add_edge(end, start, ctrl=True)
@@ -455,7 +486,7 @@ class _Composer:
             context: dict = {}
             if v > 0:
                 context[PRE] = (self.permutes[FORWARD, m, v - 1],)
-            regions = ((PRE,) if v == 0 else ()) + (FWD,) + ((MID,) if v == self.last_virtual else ())
+            regions = ((PRE,) if v == 0 else ()) + (LOCAL, FWD) + ((MID,) if v == self.last_virtual else ())
             self.copy(regions, stage, label, context)
             end = self.out.number_of_nodes()
             if v < self.last_virtual:
@@ -466,13 +497,18 @@ class _Composer:
             if v < self.last_virtual:
                 context[MID] = (self.permutes[BACKWARD, m, v + 1],)
             skip = self.regions.gradient_sync if m < M - 1 else frozenset()
-            self.copy((BWD,), stage, label, context, skip)
+            regions = (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ())
+            regions += (GRAD_LAST,) if v == self.last_virtual else ()
+            self.copy(regions, stage, label, context, skip)
             end = self.out.number_of_nodes()
             if v > 0:
                 sources, nbytes = self.regions.sends_backward, self.regions.gradient_bytes
                 self.send(work, stage, (stage - 1) % S, sources, context, nbytes)
         self.units[stage, work] = context
-        self.order_after_previous(stage, list(range(first, end)))
+        received = () if v == (0 if work.kind == FORWARD else self.last_virtual) else (
+            self.permutes[work.kind, m, v - 1 if work.kind == FORWARD else v + 1],
+        )
+        self.order_after_previous(stage, list(range(first, end)), received)
 
     def compose(self) -> nx.DiGraph:
         S, M, V = self.request.stages, self.request.microbatches, self.request.virtual_stages
@@ -499,11 +535,21 @@ class _Composer:
 
 
 def pipeline_graph(
-    piece: WorkloadGraph, program: Program, request: PipelineRequest, mesh: MeshSpec, chunk_layers: int
+    piece: WorkloadGraph,
+    program: Program,
+    layout: Layout,
+    request: PipelineRequest,
+    mesh: MeshSpec,
+    chunk_layers: int,
 ) -> tuple[WorkloadGraph, Regions]:
-    """The pipelined graph of the whole mesh from the compiled piece of `chunk_layers` layers."""
+    """The pipelined graph of the whole mesh from the compiled piece of `chunk_layers` layers.
+    The entry function takes the inputs in the layout's order unless the compiler dropped unused
+    ones; then which arguments are the batch is not known."""
     axis = request.stage_axis(mesh)
-    regions = find_regions(piece, program, chunk_layers)
+    batch = None
+    if len(program.body.arguments) == len(layout.inputs):
+        batch = frozenset(i for i, item in enumerate(layout.inputs) if item.batch)
+    regions = find_regions(piece, program, chunk_layers, batch)
     ranks = stage_ranks(mesh, axis)
     graph = _Composer(piece, regions, request, ranks).compose()
     stages = tuple(tuple(int(r) for r in row) for row in ranks)
