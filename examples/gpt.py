@@ -214,11 +214,14 @@ def step(params, opt, batch):
 # -------------------------------------------------------------------------------------- inputs
 
 
-def abstract_inputs(mesh, layout):
-    """(params, opt, batch) as ShapeDtypeStructs; `layout(data, tensor)` gives parameter specs."""
-    data, tensor = mesh_axes(mesh)
-    specs = layout(data, tensor)
-    shapes = {"layers": LAYER_SHAPES, **TOP_SHAPES}
+def shapes(layers=LAYERS, vocab=VOCAB):
+    """Shape of every parameter of a model with `layers` blocks and a `vocab`-word vocabulary."""
+    top = dict(TOP_SHAPES, embed=(vocab, D_MODEL), head=(D_MODEL, vocab))
+    return {"layers": {name: (layers, *shape[1:]) for name, shape in LAYER_SHAPES.items()}, **top}
+
+
+def abstract_state(mesh, specs, shapes):
+    """(params, opt) as ShapeDtypeStructs laid out by the PartitionSpecs `specs`."""
 
     def tree(dtype):
         return jax.tree.map(
@@ -228,24 +231,31 @@ def abstract_inputs(mesh, layout):
             is_leaf=lambda s: isinstance(s, tuple) and all(isinstance(d, int) for d in s),
         )
 
-    params = tree(PARAM)
     opt = {
         "m": tree(STATE),
         "v": tree(STATE),
         "count": jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P())),
     }
-    tokens = NamedSharding(mesh, P(data, None))
-    batch = {
-        "tokens": jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32, sharding=tokens),
-        "targets": jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32, sharding=tokens),
-    }
-    return params, opt, batch
+    return tree(PARAM), opt
 
 
-def workload(mesh, layout=tp_layout):
+def abstract_batch(mesh, spec):
+    """Tokens and targets [BATCH, SEQ], laid out by the PartitionSpec `spec`."""
+    tokens = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32, sharding=NamedSharding(mesh, spec))
+    return {"tokens": tokens, "targets": tokens}
+
+
+def abstract_inputs(mesh, layout, layers=LAYERS, vocab=VOCAB):
+    """(params, opt, batch) as ShapeDtypeStructs; `layout(data, tensor)` gives parameter specs."""
+    data, tensor = mesh_axes(mesh)
+    params, opt = abstract_state(mesh, layout(data, tensor), shapes(layers, vocab))
+    return params, opt, abstract_batch(mesh, P(data, None))
+
+
+def workload(mesh, layout=tp_layout, layers=LAYERS, vocab=VOCAB):
     """Abstract inputs of `step` on `mesh` (Flint's model-file entry point); `examples/fsdp.py`
-    calls it with its ZeRO-3 layout."""
-    return step, abstract_inputs(mesh, layout)
+    calls it with its ZeRO-3 layout, tests with other layer counts."""
+    return step, abstract_inputs(mesh, layout, layers, vocab)
 
 
 def logical_rules(mesh):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections import Counter
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -84,3 +85,40 @@ def matmuls_and_collectives(directory: Path, rank: int):
         if n.type == pb.COMM_COLL_NODE
     )
     return flops, collectives
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One SEND or RECV of a rank's trace, as read back."""
+
+    send: bool
+    src: int
+    dst: int
+    tag: int
+    size: int
+
+
+def transfers(directory: Path) -> dict[int, list[Transfer]]:
+    """Every rank's SENDs and RECVs in file order."""
+    found = {}
+    for path in find_traces(directory)[1]:
+        trace = read_trace(path)
+        found[trace.rank] = [
+            Transfer(
+                n.type == pb.COMM_SEND_NODE,
+                *(attr_value(n, a) for a in ("comm_src", "comm_dst", "comm_tag", "comm_size")),
+            )
+            for n in trace.nodes
+            if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
+        ]
+    return found
+
+
+def assert_sends_match_receives(found: dict[int, list[Transfer]]) -> None:
+    """Every SEND has exactly one RECV on its peer with the same source, tag and size, and back."""
+    sends = Counter((t.src, t.dst, t.tag, t.size) for ts in found.values() for t in ts if t.send)
+    recvs = Counter((t.src, t.dst, t.tag, t.size) for ts in found.values() for t in ts if not t.send)
+    assert sends == recvs
+    assert max(sends.values()) == 1  # tags are unique per pair of ranks
+    for rank, ts in found.items():
+        assert all((t.src if t.send else t.dst) == rank for t in ts)

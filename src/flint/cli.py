@@ -19,6 +19,7 @@ from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.partition import STAGES
+from flint.pipelining import SCHEDULES
 from flint.trace.dot import MAX_NODES
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # long paths stay on one line
@@ -108,6 +109,13 @@ def _format_summary(summary: dict) -> None:
         stdout.print(f"  {kind:<21} {coll['count']} per rank, {coll['bytes']:,} bytes")
     if not totals["collectives"]:
         stdout.print("  no collectives")
+    if "pipeline" in summary:
+        p = summary["pipeline"]
+        stdout.print(
+            f"  pipeline              {p['stages']} stages x {p['microbatches']} microbatches "
+            f"({p['schedule']}), {p['activation_bytes']:,} bytes per activation",
+            soft_wrap=True,
+        )
     stdout.print(f"wrote {summary['output']} ({summary['files']} files) in {summary['seconds']:.1f} s")
 
 
@@ -141,11 +149,20 @@ def _format_summary(summary: dict) -> None:
 @click.option("--config", "config", type=click.Path(path_type=Path), metavar="TOML",
               help="Layout file with strategy, [rules] and [shard] (overridden by the flags).")
 @click.option("--explain", is_flag=True, help="Print the final sharding of every input before compiling.")
+@click.option("--pipeline-stages", "stages", type=click.IntRange(min=2), metavar="S",
+              help="Pipeline the layers (a lax.scan) over S stages: the mesh axis named pp or stage.")
+@click.option("--microbatches", type=click.IntRange(min=1), metavar="M",
+              help="Microbatches per step, with --pipeline-stages [default: S].")
+@click.option("--schedule", "pipeline_schedule", type=click.Choice(SCHEDULES), metavar="SCHEDULE",
+              help=f"Pipeline schedule, with --pipeline-stages: {' | '.join(SCHEDULES)} [default: 1f1b].")
+@click.option("--virtual-stages", type=click.IntRange(min=1), metavar="V",
+              help="Layer chunks per stage for --schedule interleaved [default: 2].")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--strict", is_flag=True, help="Fail on ops that have no cost rule instead of warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no progress bars).")
 def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, slices, dump_ir,
-            loop_trips, strategy, rules, shards, config, explain, force, strict, as_json):
+            loop_trips, strategy, rules, shards, config, explain, stages, microbatches,
+            pipeline_schedule, virtual_stages, force, strict, as_json):
     """Extract Chakra traces of the step defined in MODEL.
 
     MODEL is a Python file defining `workload(mesh)`, which returns `(step, args)`: the step function
@@ -159,15 +176,24 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
       flint extract examples/gpt.py --mesh 4x2 --strategy fsdp+tp
       flint extract examples/gpt.py --mesh data=4,tensor=2 --shard 'params/layers/w_in=None,data,tensor'
 
+    Pipeline parallelism: --pipeline-stages S splits the stacked layers over the mesh axis named pp
+    (or stage), --microbatches M splits the batch (the step's last argument), and each stage runs
+    its forwards and backwards in --schedule order (gpipe: all forwards, then all backwards; 1f1b:
+    S - s - 1 forwards, then alternating; interleaved: --virtual-stages chunks per stage).
+
+    \b
+      flint extract examples/gpt.py --mesh pp=3,dp=2,tp=2 --strategy dp+tp --pipeline-stages 3 --microbatches 4
+
     Writes NAME.<rank>.et for every rank, NAME.comm_groups.json (for ASTRA-sim's
     --comm-group-configuration), NAME.graph.json (one rank's workload graph) and manifest.json.
     """
     from flint.backend import parse_backend
     from flint.emit import prepare_output
     from flint.layout import LayoutRequest, merge, parse_rule, parse_shard, read_config
-    from flint.pipeline import ExtractRequest, extract as run_extract
+    from flint.pipeline import ExtractRequest, extract as run_extract, pipeline_summary
 
     started = time.perf_counter()
+    pipeline = _pipeline_request(stages, microbatches, pipeline_schedule, virtual_stages)
     request = ExtractRequest(
         model=model,
         mesh=parse_mesh(mesh_spec),
@@ -187,8 +213,11 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
                 shards=tuple(parse_shard(s) for s in shards),
             ),
         ),
+        pipeline=pipeline,
         command=shlex.join(["flint", *sys.argv[1:]]),
     )
+    if pipeline:
+        pipeline.stage_axis(request.mesh)
     with _progress(as_json) as bars:
         task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
 
@@ -208,10 +237,27 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
         "ranks_alike": len(result.totals) == 1,
         "seconds": round(time.perf_counter() - started, 3),
     }
+    if pipeline:
+        summary["pipeline"] = pipeline_summary(pipeline, result.regions)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         _format_summary(summary)
+
+
+def _pipeline_request(stages, microbatches, schedule, virtual_stages):
+    """The pipelining flags as a request (None without --pipeline-stages), with their defaults."""
+    from flint.pipelining import PipelineRequest
+
+    if stages is None:
+        given = [flag for flag, value in (("--microbatches", microbatches), ("--schedule", schedule),
+                                          ("--virtual-stages", virtual_stages)) if value is not None]
+        if given:
+            raise FlintError(f"{given[0]} needs --pipeline-stages")
+        return None
+    schedule = schedule or "1f1b"
+    default_virtual = 2 if schedule == "interleaved" else 1
+    return PipelineRequest(stages, microbatches or stages, schedule, virtual_stages or default_virtual)
 
 
 def _trace_files(path: Path, prefix: str | None, rank: int | None = None):

@@ -21,14 +21,23 @@ edges marked `ctrl=True` add the schedule's order: each node follows the one sch
 except that work after an async start does not wait for the collective until its done.
 
 All ranks run the same SPMD program, so one graph serves every rank; emission resolves per rank the
-group of a collective and the peers of a permute.
+group of a collective and the peers of a permute. A pipelined graph (`flint.pipelining`) is the
+exception: it joins copies of one stage's graph for every stage, and a node with a `stage` attribute
+is run only by that stage's ranks (`WorkloadGraph.stages`).
+
+Nodes unrolled from a top-level `while` are recorded with the loop and the iteration they come from,
+each such loop with the nodes that produce its results, and every node with the entry arguments it
+reads, so later stages can find the layer loops of a step and what reads the batch or the
+optimizer state (pipelining splits a step by them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 
 from flint import collectives
 from flint.costs import COLLECTIVE, FREE, cost_of
@@ -39,16 +48,50 @@ from flint.reduce_scatter import ReduceScatter, reduce_scatters
 
 
 @dataclass(frozen=True)
+class LoopRun:
+    """A top-level `while` as unrolled: its trip count and, per result, the nodes producing it."""
+
+    trips: int
+    results: tuple[frozenset[int], ...]
+
+
+@dataclass(frozen=True)
 class WorkloadGraph:
-    """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule."""
+    """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule.
+
+    `loops` are the top-level loops in program order; `loop_of[node]` is `(loop, iteration)` for a
+    node unrolled from one. `reads[node]` are the positions of the entry arguments a node reads
+    directly or through free ops (nodes that read none are left out). `stages[s]` are the ranks of pipeline stage s, for a graph whose nodes
+    carry a `stage` attribute (empty otherwise: every rank runs every node).
+    """
 
     graph: nx.DiGraph
     num_ranks: int
     unknown_ops: tuple[str, ...]
+    loops: tuple[LoopRun, ...] = ()
+    loop_of: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    reads: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    stages: tuple[tuple[int, ...], ...] = ()
 
     def nodes(self):
         """`(id, attributes)` in program (topological) order."""
         return sorted(self.graph.nodes(data=True))
+
+    def stage_of_rank(self) -> np.ndarray:
+        """Each rank's pipeline stage, -1 for every rank of a graph without stages."""
+        stage_of = np.full(self.num_ranks, -1, dtype=np.int64)
+        for stage, ranks in enumerate(self.stages):
+            stage_of[list(ranks)] = stage
+        return stage_of
+
+    def on_rank(self, rank: int) -> nx.DiGraph:
+        """The nodes `rank` runs: all of them, or those of its stage and the unstaged ones."""
+        if not self.stages:
+            return self.graph
+        stage = int(self.stage_of_rank()[rank])
+        return self.graph.subgraph(
+            n for n, s in self.graph.nodes(data="stage") if s is None or s == stage
+        )
 
 
 def _static_cost(region: Region) -> tuple[int, int]:
@@ -77,6 +120,11 @@ class _Builder:
         self.last: frozenset[int] = frozenset()  # what the next scheduled node must follow
         self.in_flight: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
         self.scatters: dict[int, dict[int, ReduceScatter]] = {}  # per region, by all_reduce result
+        self.loops: list[LoopRun] = []
+        self.loop_of: dict[int, tuple[int, int]] = {}
+        self.top_loop: tuple[int, int] | None = None  # (loop, iteration) being unrolled
+        self.inputs: dict[int, frozenset[int]] = {}  # value -> entry arguments it passes on
+        self.reads: dict[int, frozenset[int]] = {}
 
     def deps(self, values) -> frozenset[int]:
         found: frozenset[int] = frozenset()
@@ -84,16 +132,24 @@ class _Builder:
             found |= self.producers.get(value, frozenset())
         return found
 
+    def read(self, values) -> frozenset[int]:
+        found: frozenset[int] = frozenset()
+        for value in values:
+            found |= self.inputs.get(value, frozenset())
+        return found
+
     def bind(self, targets, sources) -> None:
         """Make each target value stand for what produced the matching source value."""
-        bound = [self.producers.get(v, frozenset()) for v in sources]
-        for target, deps in zip(targets, bound):
+        bound = [(self.producers.get(v, frozenset()), self.inputs.get(v, frozenset())) for v in sources]
+        for target, (deps, read) in zip(targets, bound):
             self.producers[target] = deps
+            self.inputs[target] = read
 
     def passthrough(self, op: Op) -> None:
-        deps = self.deps(op.operands)
+        deps, read = self.deps(op.operands), self.read(op.operands)
         for value in op.results:
             self.producers[value] = deps
+            self.inputs[value] = read
 
     def add(self, op: Op, attributes: dict, opcode: str | None = None) -> None:
         node = self.graph.number_of_nodes()
@@ -107,6 +163,11 @@ class _Builder:
             self.last = frozenset((node,))
         for value in op.results:
             self.producers[value] = frozenset((node,))
+        if self.top_loop is not None:
+            self.loop_of[node] = self.top_loop
+        read = self.read(op.operands)
+        if read:
+            self.reads[node] = read
 
     def track_constant(self, op: Op) -> None:
         """Remember integer scalars (constants and copies of them): loop bounds are made of them."""
@@ -124,11 +185,17 @@ class _Builder:
                 )
             trips = self.loop_trips
         _, body = loop.regions
+        top = self.top_loop is None
         self.bind(body.arguments, loop.operands)
-        for _ in range(trips):
+        for iteration in range(trips):
+            if top:
+                self.top_loop = (len(self.loops), iteration)
             self.region(body)
             self.bind(body.arguments, body.results)
         self.bind(loop.results, body.arguments)
+        if top:
+            self.top_loop = None
+            self.loops.append(LoopRun(trips, tuple(self.deps((v,)) for v in loop.results)))
 
     def branch(self, op: Op) -> None:
         chosen = max(op.regions, key=_static_cost)
@@ -222,5 +289,13 @@ class _Builder:
 def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None) -> WorkloadGraph:
     """Turn the parsed program into the straight-line workload graph every rank runs."""
     builder = _Builder(num_ranks, loop_trips, program.scheduled)
+    builder.inputs = {value: frozenset((i,)) for i, value in enumerate(program.body.arguments)}
     builder.region(program.body)
-    return WorkloadGraph(builder.graph, num_ranks, tuple(sorted(builder.unknown)))
+    return WorkloadGraph(
+        builder.graph,
+        num_ranks,
+        tuple(sorted(builder.unknown)),
+        tuple(builder.loops),
+        builder.loop_of,
+        builder.reads,
+    )

@@ -60,7 +60,7 @@ import inspect
 import re
 import tomllib
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,7 @@ class InputLayout:
     dtype: str
     spec: Spec
     origin: str
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -311,18 +312,23 @@ def _roles(strategy: str, mesh) -> _Roles:
     )
 
 
-def _stacked(inputs: list[_Input]) -> set[str]:
-    """Paths of parameters whose leading dimension stacks layers (shared by their whole group)."""
-    groups: dict[str, list[_Input]] = defaultdict(list)
-    for item in inputs:
-        if not item.in_batch:
-            groups[item.path.rpartition("/")[0]].append(item)
+def _stacked(items: Iterable[tuple[str, tuple[int, ...]]]) -> set[str]:
+    """Paths of parameters whose leading dimension stacks layers (shared by their whole group),
+    from the `(path, shape)` of every input outside the batch."""
+    groups: dict[str, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
+    for path, shape in items:
+        groups[path.rpartition("/")[0]].append((path, shape))
     stacked = set()
     for group in groups.values():
-        leading = {item.shape[0] if len(item.shape) >= 2 else None for item in group}
+        leading = {shape[0] if len(shape) >= 2 else None for _, shape in group}
         if len(group) >= 2 and len(leading) == 1 and None not in leading:
-            stacked.update(item.path for item in group)
+            stacked.update(path for path, _ in group)
     return stacked
+
+
+def stacked_paths(layout: Layout) -> set[str]:
+    """Paths of the inputs that stack layers along their leading dimension (as under `lax.scan`)."""
+    return _stacked((item.path, item.shape) for item in layout.inputs if not item.batch)
 
 
 def _model_width(inputs: list[_Input], stacked: set[str]) -> int | None:
@@ -385,7 +391,7 @@ def _apply_preset(
     if strategy not in STRATEGIES:
         raise FlintError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     roles = _roles(strategy, mesh)
-    stacked = _stacked(inputs)
+    stacked = _stacked((item.path, item.shape) for item in inputs if not item.in_batch)
     width = _model_width(inputs, stacked)
     for item in inputs:
         item.spec = _preset_spec(item, roles, mesh, width, stacked, declared)
@@ -475,7 +481,9 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     ]
     layout = Layout(
         inputs=tuple(
-            InputLayout(item.path, item.shape, str(item.dtype), tuple(item.spec), item.origin)
+            InputLayout(
+                item.path, item.shape, str(item.dtype), tuple(item.spec), item.origin, item.in_batch
+            )
             for item in inputs
         ),
         rules=rules,

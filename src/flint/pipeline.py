@@ -5,7 +5,11 @@
     module   = partition(workload, mesh)          # XLA SPMD partitioning
     program  = parse_module(module)               # typed StableHLO ops
     graph    = build_graph(program, ranks)        # networkx workload graph
+    graph    = pipeline_graph(graph, ...)         # with --pipeline-stages: stages and schedule
     write_trace(graph, ...)                       # Chakra .et per rank + groups + manifest
+
+With `--pipeline-stages` the step is compiled for one microbatch of one chunk of layers on the mesh
+without the stage axis, and `flint.pipelining` lays copies of its graph out over the stages.
 
 `extract()` runs them in order and times each, which is what the CLI and `bench/extract.py` use.
 """
@@ -42,6 +46,7 @@ from flint.layout import Layout, LayoutRequest, apply_layout
 from flint.mesh import MeshSpec
 from flint.parse import Program, parse_module
 from flint.partition import PartitionedModule, partition
+from flint.pipelining import PipelineRequest, Regions, one_microbatch, pipeline_graph, stage_mesh
 
 Progress = Callable[[str, int, int], None]
 """Called as `progress(stage, done, total)` while a stage works through many items."""
@@ -62,6 +67,7 @@ class ExtractRequest:
     loop_trips: int | None = None
     layout: LayoutRequest = LayoutRequest()
     backend: Backend = CPU
+    pipeline: PipelineRequest | None = None
     command: str = ""
 
 
@@ -80,6 +86,7 @@ class Extraction:
     files: list[str] = field(default_factory=list)
     bytes_written: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    regions: Regions | None = None
 
 
 def _versions() -> dict[str, str]:
@@ -120,13 +127,26 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
             {"ranks": rank_ranges, **totals.as_json()} for rank_ranges, totals in extraction.totals
         ],
         "command": request.command,
+    } | ({"pipeline": pipeline_summary(request.pipeline, extraction.regions)} if request.pipeline else {})
+
+
+def pipeline_summary(pipeline: PipelineRequest, regions: Regions) -> dict:
+    """The schedule asked for and what the compiled piece gave it, for the manifest and summary."""
+    return {
+        "stages": pipeline.stages,
+        "microbatches": pipeline.microbatches,
+        "schedule": pipeline.schedule,
+        "virtual_stages": pipeline.virtual_stages,
+        "layers_per_chunk": regions.chunk_layers,
+        "activation_bytes": regions.activation_bytes,
+        "gradient_bytes": regions.gradient_bytes,
     }
 
 
 def _graph_json(graph: WorkloadGraph, groups: GroupTable) -> str:
     """Rank 0's workload graph: a collective names its group by id, as its `pg_name` does (the
     groups themselves, every rank of the mesh, are in the communicator-group file)."""
-    data = nx.node_link_data(graph.graph, edges="edges")
+    data = nx.node_link_data(graph.on_rank(0), edges="edges")
     for node in data["nodes"]:
         if "groups" in node:
             del node["groups"]
@@ -193,10 +213,19 @@ def extract(
             f"--stage {request.stage} reads the CPU compiler's module: use it with --backend cpu, "
             f"or trace --backend {request.backend} at --stage partitioned"
         )
-    mesh = make_virtual_mesh(request.mesh, request.backend)
+    compiled_mesh = request.mesh
+    if request.pipeline:
+        if request.stage != "partitioned" or request.backend != CPU:
+            raise FlintError(
+                "--pipeline-stages reads the CPU compiler's partitioned module: drop --stage and --backend"
+            )
+        compiled_mesh = stage_mesh(request.mesh, request.pipeline.stage_axis(request.mesh))
+    mesh = make_virtual_mesh(compiled_mesh, request.backend)
     workload, layout = apply_layout(load_workload(request.model, mesh), mesh, request.layout)
     if on_layout:
         on_layout(layout)
+    if request.pipeline:
+        workload, chunk_layers = one_microbatch(workload, layout, request.pipeline, mesh)
     lap("load")
     module = partition(workload, mesh, request.stage)
     seconds["lower"] = module.lower_seconds
@@ -209,7 +238,12 @@ def extract(
         )
     program = parse_module(module)
     lap("parse")
-    graph = build_graph(program, request.mesh.size, request.loop_trips)
+    graph = build_graph(program, compiled_mesh.size, request.loop_trips)
+    regions = None
+    if request.pipeline:
+        graph, regions = pipeline_graph(
+            graph, program, layout, request.pipeline, request.mesh, chunk_layers
+        )
     if graph.unknown_ops and request.strict:
         raise FlintError(
             f"no cost rule for {', '.join(graph.unknown_ops)} (--strict): drop --strict to emit "
@@ -225,6 +259,7 @@ def extract(
         groups=GroupTable(graph),
         classes=classes,
         totals=rank_totals(graph, classes),
+        regions=regions,
     )
     lap("graph")
     seconds.update(write_trace(request, extraction, progress))

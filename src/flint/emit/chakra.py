@@ -131,11 +131,21 @@ class ChakraEmitter:
         self._check_every_rank_has_a_group()
 
     def _check_every_rank_has_a_group(self) -> None:
-        missing = np.argwhere(self.groups.ids_of_rank == 0)
+        """Every rank that runs a collective is in one of its groups: every rank, or in a
+        pipelined graph the ranks of the collective's stage (the same for its whole partition)."""
+        first: dict[int, int] = {}
+        for node, partition in sorted(self.groups.partition_of.items()):
+            first.setdefault(partition, node)
+        outside = self.groups.ids_of_rank == 0
+        stage_of = self.graph.stage_of_rank()
+        for partition, node in first.items():
+            stage = self.graph.graph.nodes[node].get("stage")
+            if stage is not None:
+                outside[stage_of != stage, partition] = False
+        missing = np.argwhere(outside)
         if len(missing):
             rank, partition = missing[0]
-            node = min(n for n, p in self.groups.partition_of.items() if p == partition)
-            raise AssertionError(f"rank {rank} is in no group of collective node {node}")
+            raise AssertionError(f"rank {rank} is in no group of collective node {first[partition]}")
 
     def template(self, cls: int) -> RankTemplate:
         """The files of every rank in class `cls`, as constant bytes around per-rank slots."""

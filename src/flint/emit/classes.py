@@ -3,7 +3,8 @@
 Every rank runs one SPMD program. Only point-to-point traffic changes which nodes a rank has: at each
 `collective_permute` a rank sends, receives, both or neither, and its dependents wait on whichever it
 did. Ranks that play the same role at every permute get files with the same nodes and dependencies,
-differing only in group ids and peer ranks, so one template per class serves all its ranks.
+differing only in group ids and peer ranks, so one template per class serves all its ranks. In a
+pipelined graph a rank also runs only its own stage's nodes, so its stage is part of its role.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from flint.graph import WorkloadGraph
 
 @dataclass(frozen=True)
 class Role:
-    """What a rank does at each permute node (in program order): send to a peer, receive, both."""
+    """What a rank does at each permute node (in program order): send to a peer, receive, both;
+    and the pipeline stage whose nodes it runs (None: every node)."""
 
     sends: tuple[bool, ...]
     receives: tuple[bool, ...]
+    stage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -45,16 +48,18 @@ class RankClasses:
 
 
 def rank_classes(graph: WorkloadGraph) -> RankClasses:
-    """Group the ranks by their role at every permute (one class when there are none)."""
+    """Group the ranks by their stage and their role at every permute (one class when there are
+    neither)."""
     permutes = tuple(
         node for node, data in graph.nodes() if data.get("collective") == "collective_permute"
     )
-    roles = np.zeros((graph.num_ranks, 2 * len(permutes)), dtype=bool)
+    roles = np.zeros((graph.num_ranks, 1 + 2 * len(permutes)), dtype=np.int64)
+    roles[:, 0] = graph.stage_of_rank()
     for column, node in enumerate(permutes):
         pairs = np.asarray(graph.graph.nodes[node]["pairs"], dtype=np.int64)
-        roles[pairs[:, 0], column] = True
-        roles[pairs[:, 1], len(permutes) + column] = True
-    if not permutes:
+        roles[pairs[:, 0], 1 + column] = 1
+        roles[pairs[:, 1], 1 + len(permutes) + column] = 1
+    if not permutes and not graph.stages:
         return RankClasses((), (Role((), ()),), np.zeros(graph.num_ranks, dtype=np.int64))
     distinct, first, inverse = np.unique(roles, axis=0, return_index=True, return_inverse=True)
     order = np.argsort(first)  # number classes by their lowest rank: deterministic, rank 0 first
@@ -63,7 +68,11 @@ def rank_classes(graph: WorkloadGraph) -> RankClasses:
     return RankClasses(
         permutes=permutes,
         roles=tuple(
-            Role(tuple(row[: len(permutes)].tolist()), tuple(row[len(permutes) :].tolist()))
+            Role(
+                tuple(bool(x) for x in row[1 : 1 + len(permutes)]),
+                tuple(bool(x) for x in row[1 + len(permutes) :]),
+                int(row[0]) if graph.stages else None,
+            )
             for row in distinct[order]
         ),
         of_rank=renumber[inverse.reshape(-1)],

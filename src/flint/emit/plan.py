@@ -4,6 +4,8 @@ A `collective_permute` becomes, on each rank, a SEND to its target and/or a RECV
 (ranks outside the pairs get neither). The SEND keeps the graph node's id, the RECV gets an id past
 the graph's; both use the node id as tag, so every pair matches. Dependents of a permute depend on
 the RECV where the rank receives, else on the SEND, else on what the permute itself depended on.
+A rank of a pipeline stage writes only its stage's nodes (and the permutes it takes part in);
+dependencies on another stage's nodes, which only permutes have, are left out.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def plan_class(graph: WorkloadGraph, classes: RankClasses, cls: int) -> Iterator
     recv_id = {node: past_graph + i for i, node in enumerate(classes.permutes)}
     stands_for: dict[int, tuple[int, ...]] = {}  # permute node -> ids that stand for it here
     for node, data in graph.nodes():
+        if data.get("stage", role.stage) != role.stage:
+            stands_for[node] = ()  # another stage's node: not in this rank's file
+            continue
         found: set[int] = set()
         ordered: set[int] = set()
         for pred, edge in graph.graph.pred[node].items():

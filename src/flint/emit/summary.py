@@ -49,22 +49,15 @@ def _ranges(ranks: np.ndarray) -> list[list[int]]:
     return [[int(a), int(b)] for a, b in zip(starts, ends)]
 
 
-def rank_totals(
-    graph: WorkloadGraph, classes: RankClasses
-) -> list[tuple[list[list[int]], RankTotals]]:
-    """Totals per class of ranks that do the same work, as `(rank ranges, totals)`, rank 0's first.
-
-    Every rank runs the same SPMD program; only permutes differ (a rank may send, receive, both or
-    neither), so the shared part is counted once and each rank class's permutes on top. Classes
-    whose sends and receives add up to the same totals are reported together.
-    """
+def _totals(nodes) -> RankTotals:
+    """The totals of `(id, attributes)` nodes, permutes left out (they differ per rank)."""
     count: Counter[str] = Counter()
     size: Counter[str] = Counter()
-    flops = transcendentals = nbytes = nodes = 0
-    for _, data in graph.nodes():
+    flops = transcendentals = nbytes = total = 0
+    for _, data in nodes:
         if data.get("collective") == "collective_permute":
             continue
-        nodes += 1
+        total += 1
         if data["kind"] == "collective":
             count[data["collective"]] += 1
             size[data["collective"]] += data["comm_bytes"]
@@ -72,17 +65,36 @@ def rank_totals(
             flops += data["flops"]
             transcendentals += data["transcendentals"]
             nbytes += data["bytes"]
-    shared = RankTotals(nodes, flops, transcendentals, nbytes, dict(count), dict(size))
+    return RankTotals(total, flops, transcendentals, nbytes, dict(count), dict(size))
+
+
+def rank_totals(
+    graph: WorkloadGraph, classes: RankClasses
+) -> list[tuple[list[list[int]], RankTotals]]:
+    """Totals per class of ranks that do the same work, as `(rank ranges, totals)`, rank 0's first.
+
+    Every rank runs the same SPMD program (in a pipeline, its stage's); only permutes differ (a
+    rank may send, receive, both or neither), so the shared part is counted once and each rank
+    class's permutes on top. Classes whose sends and receives add up to the same totals are
+    reported together.
+    """
+    by_stage: dict[int | None, list] = {}
+    for node in graph.nodes():
+        by_stage.setdefault(node[1].get("stage"), []).append(node)
     permute_bytes = [graph.graph.nodes[node]["comm_bytes"] for node in classes.permutes]
-    merged: dict[tuple, list[int]] = {}  # role totals -> classes, in order of first rank
+    merged: dict[tuple, list[int]] = {}  # stage and role totals -> classes, in order of first rank
     for cls, role in enumerate(classes.roles):
         key = Counter()
         for comm_bytes, sends, receives in zip(permute_bytes, role.sends, role.receives):
             key["send", comm_bytes] += sends
             key["recv", comm_bytes] += receives
-        merged.setdefault(tuple(sorted((k, n) for k, n in key.items() if n)), []).append(cls)
+        merged.setdefault(
+            (role.stage, tuple(sorted((k, n) for k, n in key.items() if n))), []
+        ).append(cls)
     result = []
-    for role, members in merged.items():
+    for (stage, role), members in merged.items():
+        runs = by_stage.get(None, []) + (by_stage.get(stage, []) if stage is not None else [])
+        shared = _totals(runs)
         rank_count, rank_size = Counter(shared.collective_count), Counter(shared.collective_bytes)
         for (kind, comm_bytes), times in role:
             rank_count[kind] += times

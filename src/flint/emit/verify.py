@@ -58,6 +58,8 @@ def _group_use(emitter: ChakraEmitter, written: dict[int, tuple[int, ...]]) -> l
         order = np.argsort(named, kind="stable")
         ids, starts = np.unique(named[order], return_index=True)
         for gid, ranks in zip(ids.tolist(), np.split(order, starts[1:])):
+            if gid == 0:
+                continue  # ranks of other pipeline stages, which do not run the node
             members = np.sort(np.asarray(written.get(gid, ()), dtype=np.int64))
             if np.array_equal(ranks, members):
                 continue
