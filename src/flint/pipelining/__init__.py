@@ -1,0 +1,72 @@
+"""Pipeline parallelism with a schedule, for a step whose layers are a `lax.scan`.
+
+`flint extract --pipeline-stages S --microbatches M --schedule gpipe|1f1b|interleaved
+[--virtual-stages V]` on a mesh with a stage axis (named `pp` or `stage`, of size S). Flint never
+re-derives what the compiler knows; it compiles one piece and arranges copies of it:
+
+1. One microbatch of one chunk is compiled for the mesh without the stage axis: the batch (the
+   step's last argument) keeps 1/M of its rows, and the stacked layer parameters (with their
+   optimizer state: every pytree group whose arrays share one leading size) 1/(S·V) of their
+   layers. Partitioning, parsing and graph building are as usual, so data and tensor parallelism
+   and FSDP on the other mesh axes are the compiler's.
+2. That graph is split at its layer loops: the first and the last top-level `while` with the
+   chunk's trip count are the forward (FWD) and the backward (BWD) layers. Of the other ancestors
+   of FWD, those that follow the batch are PRE (the embedding), the rest LOCAL (the causal mask,
+   zeroed stash buffers, copies of the chunk's parameters). MID is what follows FWD and leads to
+   BWD (final layernorm, head, loss and their backward down to the layers' output gradient). The
+   rest is split twice. By what it follows: after the gradient leaving the layers and no weight
+   gradient of theirs, the embedding's (FIRST); after FWD or MID but not BWD, the head's (LAST);
+   else the layers'. And by when it runs: what reads the optimizer state or the parameters (any
+   entry argument but the batch), or follows what does, is the per-step update (POST, POST_FIRST,
+   POST_LAST); the rest runs with every backward (GRAD, GRAD_FIRST, GRAD_LAST: weight gradients of
+   the embedding and the head, zeroed gradient buffers). If the compiler dropped unused entry
+   arguments, which of them is the batch is not known: all of PRE and POST are then per step.
+3. One graph for the whole mesh joins copies, each run only by one stage's ranks (node attribute
+   `stage`). Chunk c of stage s is virtual stage c·S + s. Per microbatch m: F(m, c) is a copy of
+   LOCAL and FWD (with PRE before them on virtual stage 0, MID after them on the last); B(m, c) one
+   of BWD and GRAD (with GRAD_FIRST on virtual stage 0, GRAD_LAST on the last). Once per step and
+   chunk each stage then runs POST (with POST_FIRST, POST_LAST likewise). A virtual stage sends its
+   forward output to the next and its input gradient back to the one before (chunk boundaries wrap
+   from the last stage to the first): a `collective_permute` from each rank of one stage to the rank
+   at the same position of the other mesh axes on the other, of the bytes the compiled forward loop
+   carries from layer to layer (the backward loop's for gradients). Each stage's units follow its
+   schedule: every unit's first nodes wait (`ctrl`) for the last nodes of the unit before it and for
+   what the unit receives, so a unit starts as a whole and a simulator reproduces the schedule's
+   bubble. Nodes are named after their unit: `F3.0 <op>`, `B3.0 <op>`, `U.0 <op>` for the update.
+
+Gradient syncs: a one-microbatch compile reduces each weight gradient over the data group in every
+backward; a real step accumulates gradients over microbatches and syncs once. All-reduces and
+reduce-scatters of B units that lead to the update but not to the gradient sent to the previous
+stage are kept only in each chunk's last B (microbatch M-1, where Megatron overlaps them with the
+backward too).
+
+Approximate, and said so in the README:
+- the adds that accumulate weight gradients over microbatches are not modelled;
+- the optimizer's elementwise work on a gradient alone, before it meets the optimizer state
+  (AdamW's g² and (1 - β)·g), runs with every backward; its step-count scalars repeat for every
+  chunk;
+- a POST node that BWD depends on (none in the bundled models) is not waited for.
+"""
+
+from flint.pipelining.compose import pipeline_graph
+from flint.pipelining.piece import one_microbatch, stage_mesh
+from flint.pipelining.regions import Regions
+from flint.pipelining.schedules import (
+    SCHEDULES,
+    PipelineRequest,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+)
+
+__all__ = [
+    "SCHEDULES",
+    "PipelineRequest",
+    "Regions",
+    "gpipe",
+    "interleaved",
+    "one_f_one_b",
+    "one_microbatch",
+    "pipeline_graph",
+    "stage_mesh",
+]

@@ -1,0 +1,215 @@
+"""One graph for the whole mesh: copies of the piece's regions, ordered by each stage's schedule."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from flint.graph import WorkloadGraph
+from flint.layout import Layout
+from flint.mesh import MeshSpec
+from flint.parse import Program
+from flint.pipelining.piece import stage_ranks
+from flint.pipelining.regions import (
+    BWD,
+    FWD,
+    GRAD,
+    GRAD_FIRST,
+    GRAD_LAST,
+    LOCAL,
+    MID,
+    POST,
+    POST_FIRST,
+    POST_LAST,
+    PRE,
+    REGIONS,
+    Regions,
+    find_regions,
+)
+from flint.pipelining.schedules import BACKWARD, FORWARD, PipelineRequest, Work, schedule
+
+
+Copy = dict[int, tuple[int, ...]]
+"""A region's copy: node of the piece -> nodes of the pipelined graph that stand for it."""
+
+
+class _Composer:
+    """Builds the pipelined graph unit by unit, in an order where every node follows its inputs."""
+
+    def __init__(self, piece: WorkloadGraph, regions: Regions, request: PipelineRequest, ranks: np.ndarray):
+        self.piece = piece.graph
+        self.regions = regions
+        self.request = request
+        self.ranks = ranks
+        self.out = nx.DiGraph()
+        self.units: dict[tuple[int, Work], dict[str, Copy]] = {}  # (stage, work) -> region copies
+        self.permutes: dict[tuple[str, int, int], int] = {}  # (kind, microbatch, virtual stage) -> node
+        self.last: dict[int, list[int]] = {}  # stage -> nodes of its previous unit
+        self.by_region = {r: regions.nodes(r) for r in REGIONS}
+        self._groups: dict[tuple, tuple] = {}
+
+    def on_stage(self, ranks_of_piece: tuple[tuple[int, ...], ...], stage: int) -> tuple:
+        """Groups (or the sources and targets of pairs) of the piece's ranks as `stage`'s ranks."""
+        key = (ranks_of_piece, stage)
+        if key not in self._groups:
+            self._groups[key] = tuple(tuple(int(self.ranks[stage, q]) for q in g) for g in ranks_of_piece)
+        return self._groups[key]
+
+    def copy(
+        self, regions: tuple[str, ...], stage: int, label: str, context: dict, skip=frozenset()
+    ) -> None:
+        """Copy regions onto `stage`, their nodes in the piece's order; an edge of the piece from
+        another region resolves through `context` (region -> its copy here, or the nodes standing
+        for all of it), else is dropped."""
+        for region in regions:
+            context[region] = {}
+        for node in sorted(n for region in regions for n in self.by_region[region]):
+            copied = context[self.regions.region_of[node]]
+            data_deps: set[int] = set()
+            ctrl_deps: set[int] = set()
+            for pred, edge in self.piece.pred[node].items():
+                where = context.get(self.regions.region_of[pred], ())
+                found = where if isinstance(where, tuple) else where.get(pred, ())
+                (ctrl_deps if edge.get("ctrl") else data_deps).update(found)
+            if node in skip:
+                copied[node] = tuple(sorted(data_deps | ctrl_deps))
+                continue
+            data = dict(self.piece.nodes[node], stage=stage)
+            data["name"] = f"{label} {data['name']}"
+            if "groups" in data:
+                data["groups"] = self.on_stage(data["groups"], stage)
+            if "pairs" in data:
+                data["pairs"] = tuple(zip(*self.on_stage(tuple(zip(*data["pairs"])), stage)))
+            copied[node] = (self.add(data, data_deps, ctrl_deps - data_deps),)
+
+    def add(self, data: dict, deps, ctrl=()) -> int:
+        node = self.out.number_of_nodes()
+        self.out.add_node(node, **data)
+        for dep in sorted(deps):
+            self.out.add_edge(dep, node)
+        for dep in sorted(ctrl):
+            self.out.add_edge(dep, node, ctrl=True)
+        return node
+
+    def order_after_previous(self, stage: int, nodes: list[int], received: tuple[int, ...] = ()) -> None:
+        """The unit's first nodes wait for the last nodes of the stage's previous unit and for
+        what the unit receives: a unit starts as a whole, as the schedule has it."""
+        previous, inside = set(self.last.get(stage, ())), set(nodes)
+        ends = [n for n in sorted(previous) if not any(s in previous for s in self.out.succ[n])]
+        starts = [n for n in nodes if not any(p in inside for p in self.out.pred[n])]
+        for end in ends + list(received):
+            for start in starts:
+                if not self.out.has_edge(end, start):
+                    self.out.add_edge(end, start, ctrl=True)
+        self.last[stage] = nodes
+
+    def ready(self, stage: int, work: Work) -> bool:
+        """Whether what the unit receives from another stage has been sent."""
+        v, last = work.chunk * self.request.stages + stage, self.last_virtual
+        if work.kind == FORWARD:
+            return v == 0 or (FORWARD, work.microbatch, v - 1) in self.permutes
+        return v == last or (BACKWARD, work.microbatch, v + 1) in self.permutes
+
+    @property
+    def last_virtual(self) -> int:
+        return self.request.stages * self.request.virtual_stages - 1
+
+    def send(
+        self, work: Work, stage: int, to: int, sources: frozenset[int], context: dict, nbytes: int
+    ) -> None:
+        """The permute carrying a unit's output from every rank of `stage` to its peer on `to`."""
+        deps = set()
+        for node in sources:
+            deps.update(context[self.regions.region_of[node]].get(node, ()))
+        what = "activation" if work.kind == FORWARD else "gradient"
+        data = dict(
+            name=f"{what} of {work.kind}{work.microbatch}.{work.chunk}",
+            op="collective_permute",
+            kind="collective",
+            collective="collective_permute",
+            flops=0,
+            transcendentals=0,
+            bytes=2 * nbytes,
+            comm_bytes=nbytes,
+            pairs=tuple(zip(self.ranks[stage].tolist(), self.ranks[to].tolist())),
+        )
+        v = work.chunk * self.request.stages + stage
+        self.permutes[work.kind, work.microbatch, v] = self.add(data, deps)
+
+    def unit(self, stage: int, work: Work) -> None:
+        S, M = self.request.stages, self.request.microbatches
+        m, v = work.microbatch, work.chunk * S + stage
+        label = f"{work.kind}{m}.{work.chunk}"
+        first = self.out.number_of_nodes()
+        if work.kind == FORWARD:
+            context: dict = {}
+            if v > 0:
+                context[PRE] = (self.permutes[FORWARD, m, v - 1],)
+            regions = ((PRE,) if v == 0 else ()) + (LOCAL, FWD) + ((MID,) if v == self.last_virtual else ())
+            self.copy(regions, stage, label, context)
+            end = self.out.number_of_nodes()
+            if v < self.last_virtual:
+                sources, nbytes = self.regions.sends_forward, self.regions.activation_bytes
+                self.send(work, stage, (stage + 1) % S, sources, context, nbytes)
+        else:
+            context = dict(self.units[stage, Work(FORWARD, m, work.chunk)])
+            if v < self.last_virtual:
+                context[MID] = (self.permutes[BACKWARD, m, v + 1],)
+            skip = self.regions.gradient_sync if m < M - 1 else frozenset()
+            regions = (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ())
+            regions += (GRAD_LAST,) if v == self.last_virtual else ()
+            self.copy(regions, stage, label, context, skip)
+            end = self.out.number_of_nodes()
+            if v > 0:
+                sources, nbytes = self.regions.sends_backward, self.regions.gradient_bytes
+                self.send(work, stage, (stage - 1) % S, sources, context, nbytes)
+        self.units[stage, work] = context
+        received = () if v == (0 if work.kind == FORWARD else self.last_virtual) else (
+            self.permutes[work.kind, m, v - 1 if work.kind == FORWARD else v + 1],
+        )
+        self.order_after_previous(stage, list(range(first, end)), received)
+
+    def compose(self) -> nx.DiGraph:
+        S, M, V = self.request.stages, self.request.microbatches, self.request.virtual_stages
+        orders = [schedule(self.request, stage) for stage in range(S)]
+        done = [0] * S
+        while any(done[s] < len(orders[s]) for s in range(S)):
+            before = sum(done)
+            for s in range(S):
+                while done[s] < len(orders[s]) and self.ready(s, orders[s][done[s]]):
+                    self.unit(s, orders[s][done[s]])
+                    done[s] += 1
+            if sum(done) == before:
+                raise AssertionError(f"the {self.request.schedule} schedule waits on itself")
+        for stage in range(S):
+            for chunk in range(V):
+                first = self.out.number_of_nodes()
+                v = chunk * S + stage
+                regions = (POST,) + ((POST_FIRST,) if v == 0 else ())
+                regions += (POST_LAST,) if v == self.last_virtual else ()
+                context = dict(self.units[stage, Work(BACKWARD, M - 1, chunk)])
+                self.copy(regions, stage, f"U.{chunk}", context)
+                self.order_after_previous(stage, list(range(first, self.out.number_of_nodes())))
+        return self.out
+
+
+def pipeline_graph(
+    piece: WorkloadGraph,
+    program: Program,
+    layout: Layout,
+    request: PipelineRequest,
+    mesh: MeshSpec,
+    chunk_layers: int,
+) -> tuple[WorkloadGraph, Regions]:
+    """The pipelined graph of the whole mesh from the compiled piece of `chunk_layers` layers.
+    The entry function takes the inputs in the layout's order unless the compiler dropped unused
+    ones; then which arguments are the batch is not known."""
+    axis = request.stage_axis(mesh)
+    batch = None
+    if len(program.body.arguments) == len(layout.inputs):
+        batch = frozenset(i for i, item in enumerate(layout.inputs) if item.batch)
+    regions = find_regions(piece, program, chunk_layers, batch)
+    ranks = stage_ranks(mesh, axis)
+    graph = _Composer(piece, regions, request, ranks).compose()
+    stages = tuple(tuple(int(r) for r in row) for row in ranks)
+    return WorkloadGraph(graph, mesh.size, piece.unknown_ops, stages=stages), regions

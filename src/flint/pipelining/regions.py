@@ -1,0 +1,141 @@
+"""The compiled piece's nodes by region: what runs per microbatch, per step, on which stage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from flint.errors import FlintError
+from flint.graph import WorkloadGraph
+from flint.parse import Op, Program
+
+
+PRE, LOCAL, FWD, MID, BWD = "pre", "local", "fwd", "mid", "bwd"
+POST, POST_FIRST, POST_LAST = "post", "post-first", "post-last"
+GRAD, GRAD_FIRST, GRAD_LAST = "grad", "grad-first", "grad-last"
+PER_MICROBATCH = {POST: GRAD, POST_FIRST: GRAD_FIRST, POST_LAST: GRAD_LAST}
+REGIONS = (PRE, LOCAL, FWD, MID, BWD, POST, POST_FIRST, POST_LAST, GRAD, GRAD_FIRST, GRAD_LAST)
+SYNCS = ("all_reduce", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class Regions:
+    """The compiled piece's nodes by region, and what crosses stages.
+
+    `sends_forward` produce the activation the forward layer loop carries out (`activation_bytes`),
+    `sends_backward` the gradient the backward loop carries out (`gradient_bytes`);
+    `gradient_sync` are BWD collectives that do not lead to that gradient.
+    """
+
+    region_of: Mapping[int, str]
+    chunk_layers: int
+    sends_forward: frozenset[int]
+    sends_backward: frozenset[int]
+    activation_bytes: int
+    gradient_bytes: int
+    gradient_sync: frozenset[int]
+
+    def nodes(self, region: str) -> list[int]:
+        return sorted(n for n, r in self.region_of.items() if r == region)
+
+
+def _carried(loop: Op) -> list[int]:
+    """Results of a loop that carry a value from one iteration to the next: not a counter (scalar),
+    not passed through unchanged, not a buffer the body writes one slice of (a scan's stacked
+    outputs)."""
+    _, body = loop.regions
+    defined = {value: op for op in body.ops for value in op.results}
+    carried = []
+    for k, (argument, result) in enumerate(zip(body.arguments, body.results)):
+        op = defined.get(result)
+        if result == argument or not loop.operand_types[k].shape:
+            continue
+        if op is not None and op.opcode == "dynamic_update_slice" and op.operands[0] == argument:
+            continue
+        carried.append(k)
+    return carried
+
+
+def _reach(graph: nx.DiGraph, start, forward: bool) -> set[int]:
+    """Every node reachable from `start` (excluded) along edges, or against them."""
+    step = graph.successors if forward else graph.predecessors
+    seen: set[int] = set()
+    todo = list(start)
+    while todo:
+        for other in step(todo.pop()):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def find_regions(
+    graph: WorkloadGraph, program: Program, chunk_layers: int, batch: frozenset[int] | None
+) -> Regions:
+    """Split the compiled piece at its forward and backward layer loops (module docstring);
+    `batch` are the positions of the batch's entry arguments (None: not known)."""
+    loops = [op for op in program.body.ops if op.opcode == "while"]
+    layer_loops = [i for i, run in enumerate(graph.loops) if run.trips == chunk_layers]
+    if len(loops) != len(graph.loops) or len(layer_loops) < 2:
+        raise FlintError(
+            f"--pipeline-stages splits the step at its layer loops, but the compiled step has no "
+            f"forward and backward top-level loop of {chunk_layers} layers (its loops: "
+            f"{[run.trips for run in graph.loops]} trips): keep the layers under one lax.scan"
+        )
+    forward, backward = layer_loops[0], layer_loops[-1]
+    fwd = {n for n, (loop, _) in graph.loop_of.items() if loop == forward}
+    bwd = {n for n, (loop, _) in graph.loop_of.items() if loop == backward}
+    g = graph.graph
+    pre = _reach(g, fwd, forward=False) - fwd - bwd
+    mid = (_reach(g, fwd, forward=True) & _reach(g, bwd, forward=False)) - fwd - bwd - pre
+    local: set[int] = set()
+    if batch is not None:  # what before the layers does not follow the batch is every stage's
+        embedding = {n for n in pre if graph.reads.get(n, frozenset()) & batch}
+        embedding |= _reach(g.subgraph(pre), embedding, forward=True)
+        pre, local = embedding, pre - embedding
+    post = set(g) - pre - local - mid - fwd - bwd
+    region_of = {n: POST for n in post}
+    region_of.update({n: PRE for n in pre} | {n: LOCAL for n in local} | {n: MID for n in mid})
+    region_of.update({n: FWD for n in fwd} | {n: BWD for n in bwd})
+
+    def crossing(loop: int) -> tuple[frozenset[int], int]:
+        carried = _carried(loops[loop])
+        nbytes = sum(loops[loop].operand_types[k].nbytes for k in carried)
+        nodes = frozenset().union(*(graph.loops[loop].results[k] for k in carried))
+        if not nodes:
+            raise FlintError(f"loop {loops[loop].name} carries no activation from layer to layer")
+        return nodes, nbytes
+
+    sends_forward, activation_bytes = crossing(forward)
+    sends_backward, gradient_bytes = crossing(backward)
+    on_path = _reach(g, sends_backward, forward=False) | sends_backward
+    # After the layers, the embedding's work follows the gradient out of the layers and no weight
+    # gradient of theirs; the head's follows the forward or the head but not the layers' backward
+    after_weights = _reach(g, bwd - on_path, forward=True)
+    embedding_tail = (_reach(g, sends_backward, forward=True) & post) - after_weights
+    head_tail = (_reach(g, fwd | mid, forward=True) & post) - _reach(g, bwd, forward=True)
+    region_of.update({n: POST_FIRST for n in embedding_tail} | {n: POST_LAST for n in head_tail})
+    # The update reads the optimizer state or the parameters (or follows what does); the rest of
+    # POST is per microbatch. Reductions of BWD and of that rest which lead to the update, but not
+    # to the gradient sent back, are gradient syncs.
+    syncs_of = (BWD,)
+    leads_to_update = set(g)
+    if batch is not None:
+        update = {n for n in post if graph.reads.get(n, frozenset()) - batch}
+        update |= _reach(g.subgraph(post), update, forward=True)
+        region_of.update({n: PER_MICROBATCH[region_of[n]] for n in post - update})
+        syncs_of += (GRAD, GRAD_FIRST, GRAD_LAST)
+        leads_to_update = _reach(g, update, forward=False)
+    sync = {
+        n for n, region in region_of.items()
+        if region in syncs_of
+        and g.nodes[n].get("collective") in SYNCS
+        and n in leads_to_update
+        and n not in on_path
+    }
+    return Regions(
+        region_of, chunk_layers, sends_forward, sends_backward, activation_bytes, gradient_bytes,
+        frozenset(sync),
+    )
