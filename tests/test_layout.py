@@ -92,14 +92,17 @@ def fsdp_regathering_the_head(m: Dims, rank: int):
         ("dp+tp", "2x2x2", Dims(4, 2), gpt_collectives),
         ("dp", "2x2x2", Dims(8, 1), gpt_collectives),
         ("fsdp+tp", "2x2x2", Dims(4, 2), fsdp_regathering_the_head),
+        ("fsdp", "4x2", Dims(8, 1), fsdp_collectives),
+        ("tp", "2x2x2", Dims(1, 2), gpt_collectives),
     ],
-    ids=["dp", "tp", "dp+tp-3d", "dp-3d", "fsdp+tp-3d"],
+    ids=["dp", "tp", "dp+tp-3d", "dp-3d", "fsdp+tp-3d", "fsdp", "tp-3d"],
 )
 def test_preset_collectives_every_rank(traces, strategy, mesh, dims, derive):
     """DP: only gradient (and loss) all-reduces over all ranks at full parameter size. TP: only the
     tensor group's activation all-reduces (2 per layer forward, 4 backward, lookup, loss, head).
-    On a 3-D mesh the data group spans the two leading axes; FSDP+TP there is fsdp.py's layout with
-    that data group (all-gathers before use, gradient reduce-scatters)."""
+    FSDP is fsdp.py's derivation (all-gathers before use, gradient reduce-scatters) with every rank
+    in the data group. On a 3-D mesh the data group spans the two leading axes; FSDP+TP there is
+    fsdp.py's layout with that data group."""
     out = traces("gpt", mesh, "--strategy", strategy)
     for rank in range(8):
         nodes, groups = read_rank(out, rank)
