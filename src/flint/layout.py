@@ -57,6 +57,7 @@ PyTorch `tp_plan`) takes precedence over the shape rule for the inputs it names.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import tomllib
 from collections import Counter, defaultdict
@@ -246,6 +247,11 @@ def _model_spec(leaf, rules: LogicalRules) -> Spec:
     return tuple(axes_of(e) for e in leaf.sharding.spec)
 
 
+def input_path(arguments: list[str], keypath) -> str:
+    """An input's path: its step argument's name, then its pytree keys, joined by `/`."""
+    return "/".join([arguments[keypath[0].idx], *(_key_name(k) for k in keypath[1:])])
+
+
 def _inputs(workload: Workload) -> tuple[list[_Input], Any]:
     """Every input leaf with its path and the sharding the model gives it (logical names unsplit
     until the rules are known)."""
@@ -257,11 +263,9 @@ def _inputs(workload: Workload) -> tuple[list[_Input], Any]:
     )
     inputs = []
     for keypath, leaf in leaves:
-        argument = names[keypath[0].idx]
-        path = "/".join([argument, *(_key_name(k) for k in keypath[1:])])
         inputs.append(
             _Input(
-                path,
+                input_path(names, keypath),
                 tuple(leaf.shape),
                 np.dtype(leaf.dtype),
                 _model_spec(leaf, {}),
@@ -289,9 +293,14 @@ def _named(names: tuple[str, ...], wanted: tuple[str, ...], default: str) -> str
     return next((n for n in names if n in wanted), default)
 
 
+def tensor_axis(names: tuple[str, ...]) -> str:
+    """The tensor axis of a mesh: the one named `tensor`, `tp` or `model`, else the last."""
+    return _named(names, TENSOR_AXIS_NAMES, names[-1])
+
+
 def _roles(strategy: str, mesh) -> _Roles:
     names = tuple(mesh.axis_names)
-    tensor = _named(names, TENSOR_AXIS_NAMES, names[-1])
+    tensor = tensor_axis(names)
     parts = set(strategy.split("+"))
     if "ep" in parts:
         expert = _named(names, EXPERT_AXIS_NAMES, names[0])
@@ -343,11 +352,9 @@ def _model_width(inputs: list[_Input], stacked: set[str]) -> int | None:
     return min(sizes, key=lambda size: (-sizes[size], size))
 
 
-def _ways(mesh, axes: tuple[str, ...]) -> int:
-    ways = 1
-    for axis in axes:
-        ways *= mesh.shape[axis]
-    return ways
+def ways(mesh, axes: tuple[str, ...]) -> int:
+    """How many pieces splitting over the mesh axes `axes` makes."""
+    return math.prod(mesh.shape[axis] for axis in axes)
 
 
 def _tensor_split(item: _Input, dims: list[int], width, declared: Mapping[str, int | None]) -> int | None:
@@ -366,20 +373,20 @@ def _preset_spec(
     rank = len(item.shape)
     spec: list[tuple[str, ...]] = [()] * rank
     if item.in_batch:
-        if rank and roles.batch and item.shape[0] % _ways(mesh, roles.batch) == 0:
+        if rank and roles.batch and item.shape[0] % ways(mesh, roles.batch) == 0:
             spec[0] = roles.batch
         return tuple(spec)
     first = 1 if item.path in stacked else 0
-    if first and roles.expert and item.shape[0] % _ways(mesh, roles.expert) == 0:
+    if first and roles.expert and item.shape[0] % ways(mesh, roles.expert) == 0:
         spec[0] = roles.expert
     dims = list(range(first, rank))
     if roles.tensor:
         split = _tensor_split(item, dims, width, declared)
-        if split is not None and item.shape[split] % _ways(mesh, roles.tensor) == 0:
+        if split is not None and item.shape[split] % ways(mesh, roles.tensor) == 0:
             spec[split] = roles.tensor
     if roles.fsdp:
-        ways = _ways(mesh, roles.fsdp)
-        free = [d for d in dims if not spec[d] and item.shape[d] % ways == 0]
+        pieces = ways(mesh, roles.fsdp)
+        free = [d for d in dims if not spec[d] and item.shape[d] % pieces == 0]
         if free:
             spec[max(free, key=lambda d: (item.shape[d], -d))] = roles.fsdp
     return tuple(spec)
@@ -433,11 +440,11 @@ def _check_spec(item: _Input, mesh) -> None:
                     "can split only one dimension"
                 )
             seen.add(axis)
-        ways = _ways(mesh, axes)
-        if item.shape[dim] % ways:
+        pieces = ways(mesh, axes)
+        if item.shape[dim] % pieces:
             raise FlintError(
                 f"input {item.path} dimension {dim} (size {item.shape[dim]}) does not divide over "
-                f"mesh axis {'+'.join(axes)} ({ways} ways, from {item.origin}): change the size or sharding"
+                f"mesh axis {'+'.join(axes)} ({pieces} ways, from {item.origin}): change the size or sharding"
             )
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from flint.errors import FlintError
-from flint.layout import TENSOR_AXIS_NAMES
+from flint.layout import input_path, tensor_axis, ways
 from flint.torch_bridge import require_torch
 from flint.torch_step import build_step, jax_dtype
 
@@ -171,8 +171,7 @@ def _mesh_roles(mesh) -> tuple[tuple[str, ...], str | None]:
     names = tuple(mesh.axis_names)
     if len(names) == 1:
         return names, None
-    named = [n for n in names if n in TENSOR_AXIS_NAMES]
-    tensor = named[0] if named else names[-1]
+    tensor = tensor_axis(names)
     return tuple(n for n in names if n != tensor), tensor
 
 
@@ -198,18 +197,16 @@ def load_torch_workload(module, path: Path, mesh, where):
     step, names, trees = build_step(spec, path, where)
     declared = _tensor_parallel(names, plan_dims(spec.module, spec.tp_plan, path))
     data, tensor = _mesh_roles(mesh)
-    ways = 1
-    for axis in data:
-        ways *= mesh.shape[axis]
+    data_ways = ways(mesh, data)
 
     def abstract(keypath, t):
         shape = tuple(t.shape)
-        input_path = "/".join([names[keypath[0].idx], *(str(k.key) for k in keypath[1:])])
+        path = input_path(names, keypath)
         entries = [None] * len(shape)
-        if input_path.startswith("batch/") and shape and shape[0] % ways == 0:
+        if path.startswith("batch/") and shape and shape[0] % data_ways == 0:
             entries[0] = data
-        if tensor is not None and declared.get(input_path) is not None:
-            entries[declared[input_path]] = tensor
+        if tensor is not None and declared.get(path) is not None:
+            entries[declared[path]] = tensor
         sharding = NamedSharding(mesh, P(*entries))
         return jax.ShapeDtypeStruct(shape, jax_dtype(t.dtype), sharding=sharding)
 

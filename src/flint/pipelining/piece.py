@@ -8,7 +8,7 @@ import numpy as np
 
 from flint.errors import FlintError
 from flint.frontend import Workload
-from flint.layout import Layout, stacked_paths
+from flint.layout import Layout, stacked_paths, ways
 from flint.mesh import MeshSpec
 from flint.pipelining.schedules import PipelineRequest
 
@@ -58,11 +58,11 @@ def one_microbatch(
         shape[0] //= parts
         if item.path in stacked:
             chunk_layers = shape[0]
-        ways = int(np.prod([mesh.shape[a] for a in item.spec[0]])) if item.spec else 1
-        if shape[0] % ways:
+        pieces = ways(mesh, item.spec[0]) if item.spec else 1
+        if shape[0] % pieces:
             raise FlintError(
                 f"{what}: one piece of {shape[0]} does not split over mesh axis "
-                f"{'+'.join(item.spec[0])} ({ways} ways): use fewer microbatches or another layout"
+                f"{'+'.join(item.spec[0])} ({pieces} ways): use fewer microbatches or another layout"
             )
         resized.append(jax.ShapeDtypeStruct(tuple(shape), leaf.dtype, sharding=leaf.sharding))
     return replace(workload, args=tuple(jax.tree_util.tree_unflatten(treedef, resized))), chunk_layers
