@@ -119,7 +119,8 @@ class _Builder:
         self.scheduled = scheduled
         self.last: frozenset[int] = frozenset()  # what the next scheduled node must follow
         self.in_flight: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
-        self.scatters: dict[int, dict[int, ReduceScatter]] = {}  # per region, by all_reduce result
+        # per region: its reduce-scatters by all_reduce result, and the results they absorb
+        self.scatters: dict[int, tuple[dict[int, ReduceScatter], frozenset[int]]] = {}
         self.loops: list[LoopRun] = []
         self.loop_of: dict[int, tuple[int, int]] = {}
         self.top_loop: tuple[int, int] | None = None  # (loop, iteration) being unrolled
@@ -242,15 +243,11 @@ class _Builder:
             self.bind(absorbed.results, op.results)
 
     def region(self, region: Region) -> None:
-        if id(region) not in self.scatters:
-            self.scatters[id(region)] = {
-                scatter.reduce.results[0]: scatter
-                for scatter in reduce_scatters(region, self.num_ranks)
-            }
-        scatters = self.scatters[id(region)]
-        absorbed = {
-            o.results[0] for scatter in scatters.values() for o in (*scatter.copies, scatter.piece)
-        }
+        if id(region) not in self.scatters:  # a loop body is walked once per trip: find them once
+            found = {s.reduce.results[0]: s for s in reduce_scatters(region, self.num_ranks)}
+            absorbed = {o.results[0] for s in found.values() for o in (*s.copies, s.piece)}
+            self.scatters[id(region)] = (found, frozenset(absorbed))
+        scatters, absorbed = self.scatters[id(region)]
         for op in region.ops:
             if op.results and op.results[0] in absorbed:
                 continue  # bound to its reduce-scatter
