@@ -113,8 +113,7 @@ def _format_summary(summary: dict) -> None:
         p = summary["pipeline"]
         stdout.print(
             f"  pipeline              {p['stages']} stages x {p['microbatches']} microbatches "
-            f"({p['schedule']}), {p['activation_bytes']:,} bytes per activation",
-            soft_wrap=True,
+            f"({p['schedule']}), {p['activation_bytes']:,} bytes per activation"
         )
     stdout.print(f"wrote {summary['output']} ({summary['files']} files) in {summary['seconds']:.1f} s")
 
