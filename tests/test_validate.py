@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, extract, flint
 from test_trace_contract import set_attr
 
+from flint.execution import describe
 from flint.schema import et_def_pb2 as pb
+from flint.schema.hlo_envelope_pb2 import HloModule
 from flint.trace import attr_value, encode_delimited, read_trace
 
 F32 = 4
@@ -71,6 +74,63 @@ def test_mlp_executes_the_hand_derived_collectives(mlp_optimized: Path) -> None:
             # both weight gradients and the loss, combined into one all-reduce
             ("ALL_REDUCE", data_group(rank), 2 * d_model * hidden * F32 + F32),
         ])
+
+
+def test_pipeline_permutes_execute_as_sends_and_receives() -> None:
+    """examples/pipeline_manual.py on `--mesh pp=4` (see test_pipeline_manual): M + S - 2 permutes
+    each way, every one a SEND to a neighbour stage and a RECV from the other neighbour, as the pairs
+    the executable ran with say. The CPU compiler widens the bf16 activation to f32 (2x its bytes)."""
+    from test_pipeline_manual import PERMUTES, S, gpt, example
+
+    run = flint("validate", EXAMPLES / "pipeline_manual.py", "--mesh", f"pp={S}", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["compute_ops"]["agree"]
+    activation = gpt.BATCH // example.MICROBATCHES * gpt.SEQ * gpt.D_MODEL * F32
+    for rank in range(S):
+        expected = Counter()
+        if rank < S - 1:  # activations forward to the next stage, their gradients back from it
+            expected["SEND", (rank, rank + 1), activation] += PERMUTES
+            expected["RECV", (rank + 1, rank), activation] += PERMUTES
+        if rank > 0:
+            expected["RECV", (rank - 1, rank), activation] += PERMUTES
+            expected["SEND", (rank, rank - 1), activation] += PERMUTES
+        point_to_point = Counter(
+            (kind, tuple(ranks), size)
+            for kind, ranks, size in transfers(report, rank)
+            if kind in ("SEND", "RECV")
+        )
+        assert point_to_point == expected, rank
+
+
+def test_executable_module_is_described_from_its_proto() -> None:
+    """Result bytes by XLA's storage rule (pred a byte, s4 packed two to a byte, tuples summed,
+    tokens nothing) and permute pairs, from a hand-built `HloModuleProto`."""
+    from jaxlib.xla_client import PrimitiveType
+
+    module = HloModule()
+    instructions = module.computations.add().instructions
+    for name, opcode, shapes in [
+        ("mask", "compare", [(PrimitiveType.PRED, [3, 5])]),
+        ("packed", "convert", [(PrimitiveType.S4, [3])]),
+        ("pair", "tuple", [(PrimitiveType.F32, [2]), (PrimitiveType.BF16, [4, 2])]),
+        ("after", "after-all", [(PrimitiveType.TOKEN, [])]),
+        ("shift", "collective-permute", [(PrimitiveType.F32, [8, 3])]),
+    ]:
+        instruction = instructions.add(name=name, opcode=opcode)
+        tuple_shape = len(shapes) > 1
+        arrays = [instruction.shape.tuple_shapes.add() for _ in shapes] if tuple_shape else [instruction.shape]
+        for array, (element_type, dims) in zip(arrays, shapes):
+            array.element_type = element_type.value
+            array.dimensions.extend(dims)
+    instructions[-1].source_target_pairs.add(source=0, target=1)
+    instructions[-1].source_target_pairs.add(source=1, target=0)
+    described = describe(module.SerializeToString())
+    assert {name: i.result_bytes for name, i in described.items()} == {
+        "mask": 15, "packed": 2, "pair": 2 * 4 + 8 * 2, "after": 0, "shift": 8 * 3 * 4,
+    }
+    assert described["shift"].pairs == ((0, 1), (1, 0)) and described["mask"].pairs == ()
+    assert described["shift"].opcode == "collective-permute"
 
 
 def rewrite_rank(directory: Path, rank: int, edit) -> None:

@@ -8,14 +8,15 @@ every executed HLO instruction is an event with the stats `hlo_op` (instruction 
 and `device_ordinal`, and each collective waits in a `Rendezvous` event, nested in it on the same
 thread, whose name lists the `global_devices` that met there: the group, as measured.
 
-Opcodes and result shapes come from the executable's own HLO text (the profile names instructions
-but does not describe them), so the executable that ran is also the one that is described.
+Opcodes, result shapes and permute pairs come from the executable's own HLO module, read as a
+protobuf (the profile names instructions but does not describe them), so the executable that ran is
+also the one that is described.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
-import math
 import re
 import tempfile
 import time
@@ -25,15 +26,9 @@ from typing import Any
 import numpy as np
 
 from flint.errors import FlintError
+from flint.parse import TensorType
 
-_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%(?P<name>[^\s=]+) = (?P<shape>.*?) (?P<opcode>[a-z][a-z0-9-]*)\((?P<rest>.*)$",
-    re.M,
-)
-_ARRAY = re.compile(r"\b(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
-_PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>[0-9,{}]*)\}")
 _GLOBAL_DEVICES = re.compile(r"global_devices=\[(?P<ids>[0-9, ]*)\]")
-_MODULE = re.compile(r"^HloModule (?P<name>[^\s,]+)", re.M)
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ def run_profiled(workload, mesh) -> Execution:
             compiled = jax.jit(workload.step).lower(*workload.args).compile()
     except Exception as exc:
         raise FlintError(f"{workload.path.name}: could not compile the step to run it: {exc}") from exc
-    text = compiled.as_text()
+    (module,) = compiled.runtime_executable().hlo_modules()
     jax.block_until_ready(compiled(*args))
     with tempfile.TemporaryDirectory(prefix="flint-profile-") as tmp:
         started = time.perf_counter()
@@ -86,7 +81,7 @@ def run_profiled(workload, mesh) -> Execution:
             raise RuntimeError(f"expected one .xplane.pb from the profiler, found {len(found)}")
         profile = jax.profiler.ProfileData.from_file(found[0])
         ranks = {device.id: rank for rank, device in enumerate(mesh.devices.flat)}
-        ops = read_profile(profile, parse_hlo(text), _MODULE.search(text)["name"], ranks)
+        ops = read_profile(profile, describe(module.as_serialized_hlo_module_proto()), module.name, ranks)
     return Execution(ops=ops, seconds=seconds)
 
 
@@ -109,29 +104,47 @@ def random_inputs(args: Any, mesh) -> Any:
     return jax.tree.map(make, args)
 
 
-def parse_hlo(text: str) -> dict[str, Instruction]:
-    """Instructions of an HLO module's text by name (names are unique within a module)."""
-    found = {}
-    for match in _INSTRUCTION.finditer(text):
-        pairs = _PAIRS.search(match["rest"])
-        found[match["name"]] = Instruction(
-            name=match["name"],
-            opcode=match["opcode"],
-            result_bytes=sum(_array_bytes(a["type"], a["dims"]) for a in _ARRAY.finditer(match["shape"])),
-            pairs=_pairs(pairs["pairs"]) if pairs else (),
+def describe(module_proto: bytes) -> dict[str, Instruction]:
+    """Instructions of a serialized `HloModuleProto` by name (names are unique within a module)."""
+    from flint.schema.hlo_envelope_pb2 import HloModule
+
+    return {
+        instruction.name: Instruction(
+            name=instruction.name,
+            opcode=instruction.opcode,
+            result_bytes=_shape_bytes(instruction.shape),
+            pairs=tuple((pair.source, pair.target) for pair in instruction.source_target_pairs),
         )
-    return found
+        for computation in HloModule.FromString(module_proto).computations
+        for instruction in computation.instructions
+    }
 
 
-def _array_bytes(element_type: str, dims: str) -> int:
-    """Bytes of one array as XLA stores it: pred takes a byte, sub-byte types are packed."""
-    elements = math.prod(int(d) for d in dims.split(",") if d)
-    bits = 8 if element_type in ("pred", "token") else int(re.match(r"[a-z]+(\d+)", element_type)[1])
-    return 0 if element_type == "token" else math.ceil(elements * bits / 8)
+def _shape_bytes(shape) -> int:
+    """Bytes of an array (or of a tuple's arrays) as XLA stores it, by the trace's rule."""
+    if shape.tuple_shapes:
+        return sum(_shape_bytes(element) for element in shape.tuple_shapes)
+    return TensorType(tuple(shape.dimensions), "", _element_bits(shape.element_type)).nbytes
 
 
-def _pairs(text: str) -> tuple[tuple[int, int], ...]:
-    return tuple((int(s), int(t)) for s, t in re.findall(r"\{(\d+),(\d+)\}", text))
+@functools.cache
+def _element_bits(element_type: int) -> int:
+    """Bits of one element of an XLA `PrimitiveType`; 0 for tokens and other non-arrays, and 1
+    for `pred`, as the MLIR types of the parse stage count it."""
+    import jax.numpy as jnp
+    from jaxlib import xla_client
+
+    primitive = xla_client.PrimitiveType(element_type)
+    if primitive.name in ("TOKEN", "TUPLE", "OPAQUE_TYPE", "PRIMITIVE_TYPE_INVALID"):
+        return 0
+    dtype = xla_client.Shape.array_shape(primitive, ()).numpy_dtype()
+    if dtype == np.bool_:
+        return 1
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).bits
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.finfo(dtype).bits
+    return dtype.itemsize * 8
 
 
 def read_profile(
