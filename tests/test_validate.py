@@ -14,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, extract, flint
+from conftest import EXAMPLES, MODELS, extract, flint, load_example
+from models import cpu_quirks
 from test_trace_contract import set_attr
 
 from flint.execution import describe
@@ -101,6 +102,39 @@ def test_pipeline_permutes_execute_as_sends_and_receives() -> None:
             if kind in ("SEND", "RECV")
         )
         assert point_to_point == expected, rank
+
+
+def test_moe_all_to_alls_run_as_extracted() -> None:
+    """examples/moe_gshard.py on 2x4 under its own rules (experts over the first axis, token groups
+    over all 8 ranks). The CPU compiler gives each all-to-all several operands, a form that extracts
+    at `--stage optimized` and runs as 3 all-to-alls per rank over its column: each of the rank's
+    dispatched tokens [EXPERTS, GROUPS / 8, CAPACITY, D_MODEL], f32 as the CPU compiler widens bf16."""
+    moe = load_example("moe_gshard")
+    run = flint("validate", EXAMPLES / "moe_gshard.py", "--mesh", "2x4", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["compute_ops"]["agree"]
+    tokens = moe.EXPERTS * moe.GROUPS // 8 * moe.CAPACITY * moe.D_MODEL * F32
+    for rank in range(8):
+        all_to_all = [t for t in transfers(report, rank) if t[0] == "ALL_TO_ALL"]
+        assert all_to_all == [("ALL_TO_ALL", data_group(rank), tokens)] * 3, rank
+
+
+def test_what_the_cpu_runs_otherwise_is_counted_as_the_trace_counts_it() -> None:
+    """tests/models/cpu_quirks.py on `--mesh 4`: compute counts agree on every rank (small loops are
+    run instruction by instruction, a sort is one op however many thunks run it), one sort per rank,
+    and the permute moves only what crosses ranks: ranks 1 and 2 swap ROWS x COLS f32; 0 and 3,
+    paired with themselves, send nothing."""
+    run = flint("validate", MODELS / "cpu_quirks.py", "--mesh", "4", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["compute_ops"]["agree"]
+    sort = next(row for row in report["kinds"] if row["kind"] == "sort")
+    assert sort["executed_per_rank"] == sort["traced_per_rank"] == 1
+    block = cpu_quirks.ROWS * cpu_quirks.COLS * F32
+    assert transfers(report, 0) == transfers(report, 3) == []
+    assert transfers(report, 1) == [("RECV", [2, 1], block), ("SEND", [1, 2], block)]
+    assert transfers(report, 2) == [("RECV", [1, 2], block), ("SEND", [2, 1], block)]
 
 
 def test_executable_module_is_described_from_its_proto() -> None:

@@ -1,6 +1,7 @@
 """Run a step for real on the virtual devices and read back, from JAX's profiler, what ran where.
 
-The step is compiled exactly as the extraction compiles it and called with random inputs: floats
+The step is compiled exactly as the extraction compiles it (its logical rules in effect, small loops
+left whole: see `flint.partition.WHOLE_LOOPS`) and called with random inputs: floats
 from a standard normal distribution, integers and booleans as zeros (so any index is in range). One
 warm-up call, then one call under `jax.profiler.trace`. The profiler writes an XSpace protobuf
 (`plugins/profile/<run>/<host>.xplane.pb`, read with `jax.profiler.ProfileData`); on the CPU backend
@@ -20,25 +21,30 @@ import glob
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from flint.errors import FlintError
 from flint.parse import TensorType
+from flint.partition import WHOLE_LOOPS
+from flint.sharding import rules_in_effect
 
 _GLOBAL_DEVICES = re.compile(r"global_devices=\[(?P<ids>[0-9, ]*)\]")
 
 
 @dataclass(frozen=True)
 class Instruction:
-    """What the executable's HLO says of one instruction: opcode, result bytes, permute pairs."""
+    """What the executable's HLO says of one instruction: opcode, result bytes, permute pairs, and
+    the id of the computation it belongs to."""
 
     name: str
     opcode: str
     result_bytes: int
     pairs: tuple[tuple[int, int], ...] = ()
+    computation: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,8 @@ def run_profiled(workload, mesh) -> Execution:
 
     args = random_inputs(workload.args, mesh)
     try:
-        with jax.set_mesh(mesh):
-            compiled = jax.jit(workload.step).lower(*workload.args).compile()
+        with jax.set_mesh(mesh), rules_in_effect(workload.rules):
+            compiled = jax.jit(workload.step).lower(*workload.args).compile(compiler_options=WHOLE_LOOPS)
     except Exception as exc:
         raise FlintError(f"{workload.path.name}: could not compile the step to run it: {exc}") from exc
     (module,) = compiled.runtime_executable().hlo_modules()
@@ -114,6 +120,7 @@ def describe(module_proto: bytes) -> dict[str, Instruction]:
             opcode=instruction.opcode,
             result_bytes=_shape_bytes(instruction.shape),
             pairs=tuple((pair.source, pair.target) for pair in instruction.source_target_pairs),
+            computation=computation.id,
         )
         for computation in HloModule.FromString(module_proto).computations
         for instruction in computation.instructions
@@ -150,8 +157,8 @@ def _element_bits(element_type: int) -> int:
 def read_profile(
     profile, instructions: dict[str, Instruction], module: str, ranks: dict[int, int]
 ) -> list[ExecutedOp]:
-    """The executed instructions of `module`, each with its rank and, if it met others, its group."""
-    ops = []
+    """The executions of `module`'s instructions, each with its rank and, if it met others, its group."""
+    events_of: dict[tuple[int, str], list[tuple[int, ExecutedOp]]] = defaultdict(list)
     for plane in profile.planes:
         for line in plane.lines:
             events = sorted(line.events, key=lambda e: e.start_ns)
@@ -159,14 +166,43 @@ def read_profile(
                 stats = dict(event.stats)
                 if stats.get("hlo_module") != module or stats.get("hlo_op") not in instructions:
                     continue
-                ops.append(
-                    ExecutedOp(
-                        rank=ranks[stats["device_ordinal"]],
-                        instruction=instructions[stats["hlo_op"]],
-                        duration_ns=int(event.duration_ns),
-                        group=_rendezvous_group(events, index, ranks),
-                    )
+                op = ExecutedOp(
+                    rank=ranks[stats["device_ordinal"]],
+                    instruction=instructions[stats["hlo_op"]],
+                    duration_ns=int(event.duration_ns),
+                    group=_rendezvous_group(events, index, ranks),
                 )
+                events_of[op.rank, op.instruction.name].append((event.start_ns, op))
+    return _one_op_per_execution(events_of)
+
+
+def _one_op_per_execution(events_of: dict[tuple[int, str], list[tuple[int, ExecutedOp]]]) -> list[ExecutedOp]:
+    """One op per execution of each instruction, from its events.
+
+    XLA:CPU may run one instruction as several thunks, each an event of that instruction (a `sort`
+    copies its operands into its results, then sorts them in place), and other instructions may run
+    between them. Every instruction of a computation runs as often as the computation does, so the
+    computation's runs are its fewest events of one instruction, and an instruction with k times as
+    many events ran as k thunks: each k of them, in start order, are one execution.
+    """
+    runs: dict[tuple[int, int], int] = {}
+    for (rank, _), events in events_of.items():
+        key = (rank, events[0][1].instruction.computation)
+        runs[key] = min(runs.get(key, len(events)), len(events))
+    ops = []
+    for (rank, _), events in sorted(events_of.items()):
+        events.sort(key=lambda started: started[0])
+        thunks, uneven = divmod(len(events), runs[rank, events[0][1].instruction.computation])
+        if uneven or thunks == 1:
+            ops += [op for _, op in events]
+            continue
+        for first in range(0, len(events), thunks):
+            parts = [op for _, op in events[first:first + thunks]]
+            ops.append(replace(
+                parts[0],
+                duration_ns=sum(op.duration_ns for op in parts),
+                group=next((op.group for op in parts if op.group), None),
+            ))
     return ops
 
 

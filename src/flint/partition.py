@@ -23,6 +23,11 @@ from flint.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.sharding import rules_in_effect
 
 STAGES = ("partitioned", "optimized")
+WHOLE_LOOPS = {"xla_disable_hlo_passes": "small-while-loop-hoisting"}
+"""XLA:CPU would wrap small while loops in calls it runs as single kernels, whose instructions the
+profiler cannot see. The graph unrolls a loop either way, so every compile of the step turns that
+off: the optimised module Flint traces is then, instruction for instruction, the one `flint
+validate` runs."""
 _DUMP_FILE = {
     "partitioned": "*.after_*spmd-partitioning.*.hlo.pb",
     "optimized": "*after_optimizations.hlo.pb",
@@ -100,29 +105,52 @@ def mesh_axes_groups_by_channel(module_proto: bytes) -> dict[int, np.ndarray]:
     """Explicit groups of every mesh-axes collective of an `HloModuleProto`, by channel id."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
-    found: dict[int, np.ndarray] = {}
-    for computation in HloModule.FromString(module_proto).computations:
+    return {
+        instruction.channel_id: _explicit_groups(instruction.mesh_axes_replica_groups)
+        for computation in HloModule.FromString(module_proto).computations
+        for instruction in computation.instructions
+        if instruction.HasField("mesh_axes_replica_groups") and instruction.channel_id > 0
+    }
+
+
+def with_tuple_all_to_all_groups_written_out(module_proto: bytes) -> bytes:
+    """`module_proto` with the mesh-axes groups of each all-to-all of several operands written out.
+
+    The CPU compiler turns every all-to-all into that form; jaxlib's conversion to StableHLO keeps
+    its mesh-axes groups, which MLIR's verifier then rejects on it.
+    """
+    from flint.schema.hlo_envelope_pb2 import HloModule
+
+    module = HloModule.FromString(module_proto)
+    for computation in module.computations:
         for instruction in computation.instructions:
-            if not instruction.HasField("mesh_axes_replica_groups") or instruction.channel_id <= 0:
+            if instruction.opcode != "all-to-all" or len(instruction.operand_ids) < 2:
                 continue
-            groups = instruction.mesh_axes_replica_groups
-            axes = tuple((axis.name, axis.size) for axis in groups.mesh.axes)
-            iota = groups.mesh.iota_device_ids
-            device_ids = None
-            if iota.reshape_dims:
-                ids = np.arange(int(np.prod(iota.reshape_dims))).reshape(tuple(iota.reshape_dims))
-                device_ids = tuple(int(i) for i in ids.transpose(tuple(iota.transpose_perm) or None).flat)
-            refs = tuple(
-                AxisRef(
-                    axes[ref.mesh_axis_index][0],
-                    (ref.sub_axis_info.pre_size, ref.sub_axis_info.size)
-                    if ref.HasField("sub_axis_info")
-                    else None,
-                )
-                for ref in groups.axes
-            )
-            found[instruction.channel_id] = mesh_axes_groups(ModuleMesh(axes, device_ids), refs)
-    return found
+            if not instruction.HasField("mesh_axes_replica_groups"):
+                continue
+            groups = _explicit_groups(instruction.mesh_axes_replica_groups)
+            instruction.ClearField("mesh_axes_replica_groups")
+            for group in groups:
+                instruction.collective_device_list.replica_groups.add(replica_ids=group.tolist())
+    return module.SerializeToString()
+
+
+def _explicit_groups(groups) -> np.ndarray:
+    """`[groups, group_size]` device ids of a `MeshAxesReplicaGroups`."""
+    axes = tuple((axis.name, axis.size) for axis in groups.mesh.axes)
+    iota = groups.mesh.iota_device_ids
+    device_ids = None
+    if iota.reshape_dims:
+        ids = np.arange(int(np.prod(iota.reshape_dims))).reshape(tuple(iota.reshape_dims))
+        device_ids = tuple(int(i) for i in ids.transpose(tuple(iota.transpose_perm) or None).flat)
+    refs = tuple(
+        AxisRef(
+            axes[ref.mesh_axis_index][0],
+            (ref.sub_axis_info.pre_size, ref.sub_axis_info.size) if ref.HasField("sub_axis_info") else None,
+        )
+        for ref in groups.axes
+    )
+    return mesh_axes_groups(ModuleMesh(axes, device_ids), refs)
 
 
 def partition(workload: Workload, mesh, stage: str = "partitioned") -> PartitionedModule:
@@ -144,6 +172,7 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
     lowered_at = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="flint-xla-") as tmp:
         options = {
+            **WHOLE_LOOPS,
             "xla_dump_to": tmp,
             "xla_dump_hlo_pass_re": "spmd-partitioning",
             "xla_dump_hlo_as_proto": True,
@@ -159,7 +188,7 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         module_proto = _hlo_module_proto(Path(tmp), stage)
     compiled_at = time.perf_counter()
     if stage == "optimized":
-        module_proto = in_schedule_order(module_proto)
+        module_proto = with_tuple_all_to_all_groups_written_out(in_schedule_order(module_proto))
     return PartitionedModule(
         stage=stage,
         stablehlo=bytes(_jax.mlir.hlo_to_stablehlo(module_proto)),

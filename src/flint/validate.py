@@ -254,11 +254,11 @@ def _match(
 def executed_communication(op: ExecutedOp) -> list[Communication]:
     """What an executed instruction transfers, in the trace's terms (nothing for compute)."""
     instruction = op.instruction
-    if instruction.opcode == PERMUTE:
-        return [Communication("SEND", (s, t), instruction.result_bytes) for s, t in instruction.pairs
-                if s == op.rank] + [
-            Communication("RECV", (s, t), instruction.result_bytes) for s, t in instruction.pairs
-            if t == op.rank]
+    if instruction.opcode == PERMUTE:  # a rank's pair with itself moves nothing, as in the trace
+        pairs = [(s, t) for s, t in instruction.pairs if s != t]
+        return [Communication("SEND", (s, t), instruction.result_bytes) for s, t in pairs if s == op.rank] + [
+            Communication("RECV", (s, t), instruction.result_bytes) for s, t in pairs if t == op.rank
+        ]
     kind = COLLECTIVE_KIND.get(instruction.opcode)
     if kind is None:
         return []
