@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
 from conftest import EXAMPLES, MODELS, extract, flint
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, read_trace
-from models import loops
+from models import interleaved, loops
 
 
 def graph(directory, name):
@@ -90,3 +91,21 @@ def test_optimized_stage_orders_every_rank_by_the_schedule(tmp_path):
             for before, node in zip(nodes, nodes[1:]):
                 assert before.id in set(node.data_deps) | set(node.ctrl_deps), node.name
                 assert not set(node.ctrl_deps) & set(node.data_deps)
+
+
+@pytest.mark.parametrize("stage", ["partitioned", "optimized"])
+def test_branches_follow_the_loop_counter(tmp_path, stage):
+    """interleaved.py on 2x4: the trace runs the heavy branch on even fori steps and every third scan
+    step only, at both stages (the optimised module computes the selector inside fusions). Each
+    all-gather is one rank's h, [BATCH/2, D/4] f32 (Chakra's per-rank input)."""
+    out = tmp_path / "t"
+    extract(MODELS / "interleaved.py", "2x4", out, "--stage", stage)
+    heavy_steps = len(range(0, interleaved.FORI, 2)) + len(range(0, interleaved.SCAN, 3))
+    assert heavy_steps == 4
+    for rank in range(8):
+        gathers = [
+            attr_value(n, "comm_size")
+            for n in read_trace(out / f"interleaved.{rank}.et").nodes
+            if n.type == pb.COMM_COLL_NODE
+        ]
+        assert gathers == [interleaved.BATCH // 2 * interleaved.D // 4 * 4] * heavy_steps

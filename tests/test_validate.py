@@ -137,6 +137,18 @@ def test_what_the_cpu_runs_otherwise_is_counted_as_the_trace_counts_it() -> None
     assert transfers(report, 2) == [("RECV", [1, 2], block), ("SEND", [2, 1], block)]
 
 
+def test_branches_picked_by_the_loop_counter_are_the_ones_that_run() -> None:
+    """tests/models/interleaved.py on 2x4: the heavy branch runs on 4 of the 10 loop steps (see
+    test_control_flow), and that is what executes: one all-gather over the rank's row each time."""
+    run = flint("validate", MODELS / "interleaved.py", "--mesh", "2x4", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["compute_ops"]["agree"]
+    for rank in range(8):
+        gathers = [t for t in transfers(report, rank) if t[0] == "ALL_GATHER"]
+        assert [group for _, group, _ in gathers] == [tensor_group(rank)] * 4
+
+
 def test_executable_module_is_described_from_its_proto() -> None:
     """Result bytes by XLA's storage rule (pred a byte, s4 packed two to a byte, tuples summed,
     tokens nothing) and permute pairs, from a hand-built `HloModuleProto`."""

@@ -9,8 +9,10 @@ integers in program order, which is a topological order.
 Control flow is resolved while building, so the graph is straight-line code:
 - `while` loops are unrolled by their static trip count (`flint.loops`), or by `loop_trips` when the
   count is not static; iteration i+1 depends on iteration i through the carried values;
-- `case`/`if` take the most expensive branch (most FLOPs, then most bytes), the same on every rank;
-  the loop condition and the branch selector are not emitted (they are scalar bookkeeping);
+- `case`/`if` run the branch their selector picks when it is known at that point of the unrolled
+  program (`flint.folding`: constants, loop counters and integer arithmetic on them), else the most
+  expensive branch (most FLOPs, then most bytes), the same on every rank; the loop condition and the
+  branch selector are not emitted (they are scalar bookkeeping);
 - an `async_start`/`async_done` pair becomes the one collective it wraps, issued at the start; its
   users depend on it through the done;
 - an all-reduce whose only use is each rank's own piece of the sum becomes the reduce-scatter the
@@ -42,6 +44,7 @@ import numpy as np
 from flint import collectives
 from flint.costs import COLLECTIVE, FREE, cost_of
 from flint.errors import FlintError
+from flint.folding import Value, fold
 from flint.loops import trip_count
 from flint.parse import CONTROL_FLOW, Op, Program, Region
 from flint.reduce_scatter import ReduceScatter, reduce_scatters
@@ -114,7 +117,7 @@ class _Builder:
         self.num_ranks = num_ranks
         self.loop_trips = loop_trips
         self.producers: dict[int, frozenset[int]] = {}
-        self.constants: dict[int, int] = {}
+        self.known: dict[int, Value] = {}  # integer values known in this iteration
         self.unknown: set[str] = set()
         self.scheduled = scheduled
         self.last: frozenset[int] = frozenset()  # what the next scheduled node must follow
@@ -141,10 +144,17 @@ class _Builder:
 
     def bind(self, targets, sources) -> None:
         """Make each target value stand for what produced the matching source value."""
-        bound = [(self.producers.get(v, frozenset()), self.inputs.get(v, frozenset())) for v in sources]
-        for target, (deps, read) in zip(targets, bound):
+        bound = [
+            (self.producers.get(v, frozenset()), self.inputs.get(v, frozenset()), self.known.get(v))
+            for v in sources
+        ]
+        for target, (deps, read, value) in zip(targets, bound):
             self.producers[target] = deps
             self.inputs[target] = read
+            if value is None:
+                self.known.pop(target, None)
+            else:
+                self.known[target] = value
 
     def passthrough(self, op: Op) -> None:
         deps, read = self.deps(op.operands), self.read(op.operands)
@@ -170,15 +180,17 @@ class _Builder:
         if read:
             self.reads[node] = read
 
-    def track_constant(self, op: Op) -> None:
-        """Remember integer scalars (constants and copies of them): loop bounds are made of them."""
-        if "value" in op.attrs:
-            self.constants[op.results[0]] = op.attrs["value"]
-        elif op.opcode == "copy" and op.operands[0] in self.constants:
-            self.constants[op.results[0]] = self.constants[op.operands[0]]
+    def track_value(self, op: Op) -> None:
+        """Fold `op` if it is integer arithmetic on known values (`flint.folding`): loop bounds and
+        branch selectors are made of them."""
+        value = fold(op, self.known)
+        for result in op.results:
+            self.known.pop(result, None)
+        if value is not None:
+            self.known[op.results[0]] = value
 
     def unroll(self, loop: Op) -> None:
-        trips = trip_count(loop, self.constants)
+        trips = trip_count(loop, self.known)
         if trips is None:
             if self.loop_trips is None:
                 raise FlintError(
@@ -199,7 +211,15 @@ class _Builder:
             self.loops.append(LoopRun(trips, tuple(self.deps((v,)) for v in loop.results)))
 
     def branch(self, op: Op) -> None:
-        chosen = max(op.regions, key=_static_cost)
+        """The branch the selector picks where it is known here, else the costliest one. `if`
+        lists its true branch first; `case` runs its last branch for an index out of range."""
+        selector = self.known.get(op.operands[0])
+        if selector is None:
+            chosen = max(op.regions, key=_static_cost)
+        elif op.opcode == "if":
+            chosen = op.regions[0 if selector else 1]
+        else:
+            chosen = op.regions[selector if 0 <= selector < len(op.regions) else -1]
         self.region(chosen)
         self.bind(op.results, chosen.results)
 
@@ -263,7 +283,7 @@ class _Builder:
             if op.opcode == "async_done":
                 self.async_done(op)
                 continue
-            self.track_constant(op)
+            self.track_value(op)
             cost = cost_of(op)
             if cost.kind == FREE:
                 self.passthrough(op)

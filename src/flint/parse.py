@@ -177,9 +177,17 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         if isinstance(value.type.element_type, ir.IntegerType):
             if value.is_splat and not value.type.shape:
                 out["value"] = int(ir.IntegerAttr(value.get_splat_value()).value)
+            elif value.is_splat and math.prod(value.type.shape) <= _TABLE_LIMIT:
+                out["array"] = np.full(value.type.shape, ir.IntegerAttr(value.get_splat_value()).value)
             elif not value.is_splat and len(value) <= _TABLE_LIMIT:
-                # partition-id lookup tables, which reduce-scatter offsets are read from
+                # lookup tables: partition-id offsets of reduce-scatters, layer indices of scans
                 out["array"] = np.array(ir.DenseIntElementsAttr(value), dtype=np.int64)
+    elif opcode == "slice":
+        out["start"] = _ints(attributes["start_indices"])
+        out["limit"] = _ints(attributes["limit_indices"])
+        out["strides"] = _ints(attributes["strides"])
+    elif opcode == "iota":
+        out["iota_dimension"] = ir.IntegerAttr(attributes["iota_dimension"]).value
     elif opcode == "compare":
         out["direction"] = stablehlo.ComparisonDirectionAttr(attributes["comparison_direction"]).value
     elif opcode == "reduce_window":

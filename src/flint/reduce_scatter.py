@@ -25,17 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from flint.collectives import Groups, resolve_groups
+from flint.folding import ARITHMETIC
 from flint.parse import Op, Region
 
-_ARITHMETIC = {
-    "add": np.add,
-    "subtract": np.subtract,
-    "multiply": np.multiply,
-    "divide": np.floor_divide,
-    "remainder": np.remainder,
-    "minimum": np.minimum,
-    "maximum": np.maximum,
-}
 
 
 def _uses(region: Region) -> Counter[int]:
@@ -86,11 +78,11 @@ class _PartitionArithmetic:
             return entries[np.clip(index, 0, len(entries) - 1)]
         if op.opcode == "subtract" and op.operands[0] == op.operands[1]:
             return np.zeros_like(self.ranks)
-        if op.opcode in _ARITHMETIC and len(op.operands) == 2:
+        if op.opcode in ARITHMETIC and len(op.operands) == 2:
             lhs, rhs = (self.scalar(v) for v in op.operands)
             if lhs is None or rhs is None:
                 return None
-            return _ARITHMETIC[op.opcode](lhs, rhs)
+            return ARITHMETIC[op.opcode](lhs, rhs)
         return None
 
 
