@@ -176,7 +176,9 @@ def read_profile(
     return _one_op_per_execution(events_of)
 
 
-def _one_op_per_execution(events_of: dict[tuple[int, str], list[tuple[int, ExecutedOp]]]) -> list[ExecutedOp]:
+def _one_op_per_execution(
+    events_of: dict[tuple[int, str], list[tuple[int, ExecutedOp]]],
+) -> list[ExecutedOp]:
     """One op per execution of each instruction, from its events.
 
     XLA:CPU may run one instruction as several thunks, each an event of that instruction (a `sort`

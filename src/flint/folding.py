@@ -6,9 +6,10 @@ A `case` or `if` whose selector is known that way runs the branch the compiler w
 iteration (interleaved layers: every other one a mixture of experts, local and global attention),
 instead of the costliest branch every time.
 
-Values are Python ints for scalars and int64 arrays for small tensors (booleans as 0 and 1); only
-integer ops are folded (also inside the optimised module's fusions), in StableHLO's semantics (`divide` truncates, `remainder` takes the sign of
-the dividend, `dynamic_slice` clamps its start). Anything else is unknown.
+Values are Python ints for scalars and int64 arrays for small tensors (booleans as 0 and 1). Only
+ops with integer results are folded (also inside the optimised module's fusions), in StableHLO's
+semantics: `divide` truncates, `remainder` takes the sign of the dividend, `dynamic_slice` clamps
+its start. Anything else is unknown.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ _SAME_VALUE = ("copy", "reshape", "bitcast", "convert", "optimization_barrier")
 
 def fold(op: Op, known: Mapping[int, Value]) -> Value | None:
     """The value of `op`'s one result, if it is an integer op whose operands are all known."""
-    if len(op.results) != 1 or op.result_types[0].elements > LARGEST:
+    result = op.result_types[0] if len(op.results) == 1 else None
+    if result is None or result.elements > LARGEST or not result.dtype.startswith(("i", "ui", "si")):
         return None
     if op.opcode == "constant":
         found = op.attrs.get("value", op.attrs.get("array"))
