@@ -11,7 +11,7 @@ from conftest import EXAMPLES, MODELS, extract, flint
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, read_trace
-from models import interleaved, loops
+from models import interleaved, loops, triangular
 
 
 def graph(directory, name):
@@ -93,6 +93,14 @@ def test_optimized_stage_orders_every_rank_by_the_schedule(tmp_path):
                 assert not set(node.ctrl_deps) & set(node.data_deps)
 
 
+def collective_sizes(directory, name: str, rank: int) -> list[int]:
+    return [
+        attr_value(n, "comm_size")
+        for n in read_trace(directory / f"{name}.{rank}.et").nodes
+        if n.type == pb.COMM_COLL_NODE
+    ]
+
+
 @pytest.mark.parametrize("stage", ["partitioned", "optimized"])
 def test_branches_follow_the_loop_counter(tmp_path, stage):
     """interleaved.py on 2x4: the trace runs the heavy branch on even fori steps and every third scan
@@ -102,10 +110,18 @@ def test_branches_follow_the_loop_counter(tmp_path, stage):
     extract(MODELS / "interleaved.py", "2x4", out, "--stage", stage)
     heavy_steps = len(range(0, interleaved.FORI, 2)) + len(range(0, interleaved.SCAN, 3))
     assert heavy_steps == 4
+    gather = interleaved.BATCH // 2 * interleaved.D // 4 * 4
     for rank in range(8):
-        gathers = [
-            attr_value(n, "comm_size")
-            for n in read_trace(out / f"interleaved.{rank}.et").nodes
-            if n.type == pb.COMM_COLL_NODE
-        ]
-        assert gathers == [interleaved.BATCH // 2 * interleaved.D // 4 * 4] * heavy_steps
+        assert collective_sizes(out, "interleaved", rank) == [gather] * heavy_steps
+
+
+@pytest.mark.parametrize("stage", ["partitioned", "optimized"])
+def test_inner_loop_runs_as_often_as_the_outer_counter_says(tmp_path, stage):
+    """triangular.py on 2x4: 0 + 1 + 2 + 3 = 6 inner steps, each all-gathering [BATCH/2, D/4] f32."""
+    out = tmp_path / "t"
+    extract(MODELS / "triangular.py", "2x4", out, "--stage", stage)
+    inner_steps = sum(range(triangular.OUTER))
+    assert inner_steps == 6
+    gather = triangular.BATCH // 2 * triangular.D // 4 * 4
+    for rank in range(8):
+        assert collective_sizes(out, "triangular", rank) == [gather] * inner_steps

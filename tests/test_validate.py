@@ -140,13 +140,23 @@ def test_what_the_cpu_runs_otherwise_is_counted_as_the_trace_counts_it() -> None
 def test_branches_picked_by_the_loop_counter_are_the_ones_that_run() -> None:
     """tests/models/interleaved.py on 2x4: the heavy branch runs on 4 of the 10 loop steps (see
     test_control_flow), and that is what executes: one all-gather over the rank's row each time."""
-    run = flint("validate", MODELS / "interleaved.py", "--mesh", "2x4", "--json")
+    assert_gathers_over_tensor_groups(MODELS / "interleaved.py", 4)
+
+
+def test_an_inner_loop_bounded_by_the_outer_counter_runs_as_unrolled() -> None:
+    """tests/models/triangular.py on 2x4: 6 inner steps (see test_control_flow), and the inner
+    loop's condition, which the CPU evaluates every step, is not counted as compute."""
+    assert_gathers_over_tensor_groups(MODELS / "triangular.py", 6)
+
+
+def assert_gathers_over_tensor_groups(model: Path, count: int) -> None:
+    run = flint("validate", model, "--mesh", "2x4", "--json")
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["ok"] and report["compute_ops"]["agree"]
     for rank in range(8):
         gathers = [t for t in transfers(report, rank) if t[0] == "ALL_GATHER"]
-        assert [group for _, group, _ in gathers] == [tensor_group(rank)] * 4
+        assert [group for _, group, _ in gathers] == [tensor_group(rank)] * count
 
 
 def test_executable_module_is_described_from_its_proto() -> None:
@@ -164,8 +174,8 @@ def test_executable_module_is_described_from_its_proto() -> None:
         ("shift", "collective-permute", [(PrimitiveType.F32, [8, 3])]),
     ]:
         instruction = instructions.add(name=name, opcode=opcode)
-        tuple_shape = len(shapes) > 1
-        arrays = [instruction.shape.tuple_shapes.add() for _ in shapes] if tuple_shape else [instruction.shape]
+        shape = instruction.shape
+        arrays = [shape.tuple_shapes.add() for _ in shapes] if len(shapes) > 1 else [shape]
         for array, (element_type, dims) in zip(arrays, shapes):
             array.element_type = element_type.value
             array.dimensions.extend(dims)

@@ -37,14 +37,15 @@ _GLOBAL_DEVICES = re.compile(r"global_devices=\[(?P<ids>[0-9, ]*)\]")
 
 @dataclass(frozen=True)
 class Instruction:
-    """What the executable's HLO says of one instruction: opcode, result bytes, permute pairs, and
-    the id of the computation it belongs to."""
+    """What the executable's HLO says of one instruction: opcode, result bytes, permute pairs, the
+    id of the computation it belongs to, and whether that computation is a loop's condition."""
 
     name: str
     opcode: str
     result_bytes: int
     pairs: tuple[tuple[int, int], ...] = ()
     computation: int = 0
+    in_loop_condition: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,13 @@ def describe(module_proto: bytes) -> dict[str, Instruction]:
     """Instructions of a serialized `HloModuleProto` by name (names are unique within a module)."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
+    computations = HloModule.FromString(module_proto).computations
+    conditions = {
+        instruction.called_computation_ids[1]
+        for computation in computations
+        for instruction in computation.instructions
+        if instruction.opcode == "while"
+    }
     return {
         instruction.name: Instruction(
             name=instruction.name,
@@ -121,8 +129,9 @@ def describe(module_proto: bytes) -> dict[str, Instruction]:
             result_bytes=_shape_bytes(instruction.shape),
             pairs=tuple((pair.source, pair.target) for pair in instruction.source_target_pairs),
             computation=computation.id,
+            in_loop_condition=computation.id in conditions,
         )
-        for computation in HloModule.FromString(module_proto).computations
+        for computation in computations
         for instruction in computation.instructions
     }
 

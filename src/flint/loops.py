@@ -67,7 +67,9 @@ def _count(init: int, bound: int, step: int, direction: str) -> int | None:
 def trip_count(loop: Op, constants: Mapping[int, int]) -> int | None:
     """Iterations of `loop` (a `while` op), or None when they are not static.
 
-    `constants` maps value ids known to hold integer constants outside the loop (the initial values).
+    `constants` maps value ids to the integers they are known to hold where the loop starts (its
+    initial values; `flint.folding`). The bound is a constant, or a value the loop carries unchanged
+    (an inner loop running `i` times for the counter `i` of an outer one).
     """
     cond, body = loop.regions
     cond_defs, body_defs = _definitions(cond), _definitions(body)
@@ -76,22 +78,37 @@ def trip_count(loop: Op, constants: Mapping[int, int]) -> int | None:
         return None
     lhs, rhs = (_through_copies(v, cond_defs) for v in compare.operands)
     direction = compare.attrs["direction"]
-    if rhs in cond.arguments:
-        lhs, rhs, direction = rhs, lhs, _SWAPPED[direction]
-    if lhs not in cond.arguments:
+    for counter, limit, towards in ((lhs, rhs, direction), (rhs, lhs, _SWAPPED[direction])):
+        if counter not in cond.arguments:
+            continue
+        index = cond.arguments.index(counter)
+        step = _step(body, index, body_defs, constants)
+        bound = _constant(limit, cond_defs, constants)
+        if bound is None and limit in cond.arguments:
+            bound = _carried(loop, cond.arguments.index(limit), body_defs, constants)
+        init = constants.get(loop.operands[index])
+        if step is not None and bound is not None and init is not None:
+            return _count(init, bound, step, towards)
+    return None
+
+
+def _step(body: Region, index: int, defs: Mapping[int, Op], constants: Mapping[int, int]) -> int | None:
+    """How much the body adds to its `index`th argument, if it adds or subtracts a constant."""
+    update = _defining(body.results[index], defs)
+    if update is None or update.opcode not in ("add", "subtract"):
         return None
-    index = cond.arguments.index(lhs)
-    bound = _constant(rhs, cond_defs, constants)
-    init = constants.get(loop.operands[index])
-    update = _defining(body.results[index], body_defs)
-    if bound is None or init is None or update is None or update.opcode not in ("add", "subtract"):
-        return None
-    counter, other = (_through_copies(v, body_defs) for v in update.operands)
+    counter, other = (_through_copies(v, defs) for v in update.operands)
     if counter != body.arguments[index]:
         if update.opcode == "subtract" or other != body.arguments[index]:
             return None
         counter, other = other, counter
-    step = _constant(other, body_defs, constants)
-    if step is None:
+    step = _constant(other, defs, constants)
+    return None if step is None else -step if update.opcode == "subtract" else step
+
+
+def _carried(loop: Op, index: int, defs: Mapping[int, Op], constants: Mapping[int, int]) -> int | None:
+    """The initial value of a loop-carried value the body passes on unchanged."""
+    _, body = loop.regions
+    if _through_copies(body.results[index], defs) != body.arguments[index]:
         return None
-    return _count(init, bound, -step if update.opcode == "subtract" else step, direction)
+    return constants.get(loop.operands[index])

@@ -9,8 +9,9 @@ all-reduces and widens bf16 ones to f32). Per rank:
   each executed `collective-permute` is a SEND to each target and a RECV from each source the rank
   has in its pairs. Anything left over on either side is a disagreement.
 - compute ops are matched by count: every executed instruction that is not communication, control
-  flow (`while`, `conditional`, `call`: their bodies' instructions run and count themselves) or free
-  in Flint's cost rules (`partition-id`, `bitcast`, tuples, ...) must be one COMP or MEM node. A
+  flow (`while`, `conditional`, `call`: their bodies' instructions run and count themselves), part
+  of a loop's condition (the trace unrolls loops) or free in Flint's cost rules (`partition-id`,
+  `bitcast`, tuples, ...) must be one COMP or MEM node. A
   fusion is one kernel in both views, so counts agree exactly when the trace is the optimised module.
 - a table per op kind puts the measured time beside the time the trace predicts (roofline and
   alpha-beta from `flint.trace.timing`); on virtual CPU devices the measured column says where the
@@ -28,7 +29,7 @@ from pathlib import Path
 from flint.costs import NO_COST
 from flint.devices import Device
 from flint.errors import FlintError
-from flint.execution import ExecutedOp, Execution
+from flint.execution import ExecutedOp, Execution, Instruction
 from flint.layout import LayoutRequest, recorded as recorded_layout
 from flint.mesh import MeshSpec
 from flint.schema import et_def_pb2 as pb
@@ -219,7 +220,7 @@ def compare(
         rank_matched, rank_disagreements = _match(trace.rank, ran, traced)
         matched += rank_matched
         disagreements += rank_disagreements
-        compute_executed[trace.rank] = sum(1 for op in executed if is_compute(op.instruction.opcode))
+        compute_executed[trace.rank] = sum(1 for op in executed if is_compute(op.instruction))
         compute_traced[trace.rank] = sum(1 for node in trace.nodes if node.type in _COMPUTE_TYPES)
     return Validation(
         num_ranks=len(traces),
@@ -287,13 +288,15 @@ def traced_communication(
     return None
 
 
-def is_compute(opcode: str) -> bool:
+def is_compute(instruction: Instruction) -> bool:
     """Whether an executed instruction should be one COMP or MEM node of the trace."""
+    opcode = instruction.opcode
     return not (
         opcode in COLLECTIVE_KIND
         or opcode == PERMUTE
         or opcode in CONTROL_FLOW
         or _kind(opcode) in NO_COST
+        or instruction.in_loop_condition  # the trace unrolls loops: their conditions are not work
     )
 
 
@@ -316,9 +319,11 @@ def _rows(execution: Execution, traces: list[RankTrace], timer: NodeTimer) -> li
     executed: Counter[str] = Counter()
     measured: Counter[str] = Counter()
     for op in execution.ops:
-        if op.instruction.opcode not in CONTROL_FLOW and _kind(op.instruction.opcode) not in NO_COST:
-            executed[_kind(op.instruction.opcode)] += 1
-            measured[_kind(op.instruction.opcode)] += op.duration_ns / 1e3
+        opcode = op.instruction.opcode
+        if opcode in CONTROL_FLOW or _kind(opcode) in NO_COST or op.instruction.in_loop_condition:
+            continue
+        executed[_kind(opcode)] += 1
+        measured[_kind(opcode)] += op.duration_ns / 1e3
     traced: Counter[str] = Counter()
     predicted: Counter[str] = Counter()
     for trace in traces:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66lint/schema/hlo_envelope.proto\x12\tflint.xla\"&\n\x10HloProtoEnvelope\x12\x12\n\nhlo_module\x18\x01 \x01(\x0c\"f\n\tHloModule\x12/\n\x0c\x63omputations\x18\x03 \x03(\x0b\x32\x19.flint.xla.HloComputation\x12(\n\x08schedule\x18\x07 \x01(\x0b\x32\x16.flint.xla.HloSchedule\"M\n\x0eHloComputation\x12/\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x19.flint.xla.HloInstruction\x12\n\n\x02id\x18\x05 \x01(\x03\"\xe0\x02\n\x0eHloInstruction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06opcode\x18\x02 \x01(\t\x12\x1f\n\x05shape\x18\x03 \x01(\x0b\x32\x10.flint.xla.Shape\x12\x12\n\nchannel_id\x18\x1a \x01(\x03\x12\n\n\x02id\x18# \x01(\x03\x12\x13\n\x0boperand_ids\x18$ \x03(\x03\x12\x1f\n\x17\x63ontrol_predecessor_ids\x18% \x03(\x03\x12\x34\n\x13source_target_pairs\x18\x34 \x03(\x0b\x32\x17.flint.xla.SourceTarget\x12?\n\x16\x63ollective_device_list\x18W \x01(\x0b\x32\x1f.flint.xla.CollectiveDeviceList\x12\x42\n\x18mesh_axes_replica_groups\x18] \x01(\x0b\x32 .flint.xla.MeshAxesReplicaGroups\"Y\n\x05Shape\x12\x14\n\x0c\x65lement_type\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x03(\x03\x12&\n\x0ctuple_shapes\x18\x04 \x03(\x0b\x32\x10.flint.xla.Shape\".\n\x0cSourceTarget\x12\x0e\n\x06source\x18\x01 \x01(\x03\x12\x0e\n\x06target\x18\x02 \x01(\x03\"G\n\x14\x43ollectiveDeviceList\x12/\n\x0ereplica_groups\x18\x01 \x03(\x0b\x32\x17.flint.xla.ReplicaGroup\"#\n\x0cReplicaGroup\x12\x13\n\x0breplica_ids\x18\x01 \x03(\x03\"b\n\x15MeshAxesReplicaGroups\x12#\n\x04mesh\x18\x01 \x01(\x0b\x32\x15.flint.xla.DeviceMesh\x12$\n\x04\x61xes\x18\x02 \x03(\x0b\x32\x16.flint.xla.MeshAxisRef\"b\n\nDeviceMesh\x12!\n\x04\x61xes\x18\x01 \x03(\x0b\x32\x13.flint.xla.MeshAxis\x12\x31\n\x0fiota_device_ids\x18\x03 \x01(\x0b\x32\x18.flint.xla.IotaDeviceIds\"&\n\x08MeshAxis\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"=\n\rIotaDeviceIds\x12\x14\n\x0creshape_dims\x18\x01 \x03(\x03\x12\x16\n\x0etranspose_perm\x18\x02 \x03(\x03\"Q\n\x0bMeshAxisRef\x12\x17\n\x0fmesh_axis_index\x18\x01 \x01(\x03\x12)\n\rsub_axis_info\x18\x02 \x01(\x0b\x32\x12.flint.xla.SubAxis\")\n\x07SubAxis\x12\x10\n\x08pre_size\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\x99\x01\n\x0bHloSchedule\x12\x38\n\tsequences\x18\x01 \x03(\x0b\x32%.flint.xla.HloSchedule.SequencesEntry\x1aP\n\x0eSequencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.flint.xla.InstructionSequence:\x02\x38\x01\".\n\x13InstructionSequence\x12\x17\n\x0finstruction_ids\x18\x01 \x03(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66lint/schema/hlo_envelope.proto\x12\tflint.xla\"&\n\x10HloProtoEnvelope\x12\x12\n\nhlo_module\x18\x01 \x01(\x0c\"f\n\tHloModule\x12/\n\x0c\x63omputations\x18\x03 \x03(\x0b\x32\x19.flint.xla.HloComputation\x12(\n\x08schedule\x18\x07 \x01(\x0b\x32\x16.flint.xla.HloSchedule\"M\n\x0eHloComputation\x12/\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x19.flint.xla.HloInstruction\x12\n\n\x02id\x18\x05 \x01(\x03\"\x80\x03\n\x0eHloInstruction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06opcode\x18\x02 \x01(\t\x12\x1f\n\x05shape\x18\x03 \x01(\x0b\x32\x10.flint.xla.Shape\x12\x12\n\nchannel_id\x18\x1a \x01(\x03\x12\n\n\x02id\x18# \x01(\x03\x12\x13\n\x0boperand_ids\x18$ \x03(\x03\x12\x1f\n\x17\x63ontrol_predecessor_ids\x18% \x03(\x03\x12\x1e\n\x16\x63\x61lled_computation_ids\x18& \x03(\x03\x12\x34\n\x13source_target_pairs\x18\x34 \x03(\x0b\x32\x17.flint.xla.SourceTarget\x12?\n\x16\x63ollective_device_list\x18W \x01(\x0b\x32\x1f.flint.xla.CollectiveDeviceList\x12\x42\n\x18mesh_axes_replica_groups\x18] \x01(\x0b\x32 .flint.xla.MeshAxesReplicaGroups\"Y\n\x05Shape\x12\x14\n\x0c\x65lement_type\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x03(\x03\x12&\n\x0ctuple_shapes\x18\x04 \x03(\x0b\x32\x10.flint.xla.Shape\".\n\x0cSourceTarget\x12\x0e\n\x06source\x18\x01 \x01(\x03\x12\x0e\n\x06target\x18\x02 \x01(\x03\"G\n\x14\x43ollectiveDeviceList\x12/\n\x0ereplica_groups\x18\x01 \x03(\x0b\x32\x17.flint.xla.ReplicaGroup\"#\n\x0cReplicaGroup\x12\x13\n\x0breplica_ids\x18\x01 \x03(\x03\"b\n\x15MeshAxesReplicaGroups\x12#\n\x04mesh\x18\x01 \x01(\x0b\x32\x15.flint.xla.DeviceMesh\x12$\n\x04\x61xes\x18\x02 \x03(\x0b\x32\x16.flint.xla.MeshAxisRef\"b\n\nDeviceMesh\x12!\n\x04\x61xes\x18\x01 \x03(\x0b\x32\x13.flint.xla.MeshAxis\x12\x31\n\x0fiota_device_ids\x18\x03 \x01(\x0b\x32\x18.flint.xla.IotaDeviceIds\"&\n\x08MeshAxis\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"=\n\rIotaDeviceIds\x12\x14\n\x0creshape_dims\x18\x01 \x03(\x03\x12\x16\n\x0etranspose_perm\x18\x02 \x03(\x03\"Q\n\x0bMeshAxisRef\x12\x17\n\x0fmesh_axis_index\x18\x01 \x01(\x03\x12)\n\rsub_axis_info\x18\x02 \x01(\x0b\x32\x12.flint.xla.SubAxis\")\n\x07SubAxis\x12\x10\n\x08pre_size\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\x99\x01\n\x0bHloSchedule\x12\x38\n\tsequences\x18\x01 \x03(\x0b\x32%.flint.xla.HloSchedule.SequencesEntry\x1aP\n\x0eSequencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.flint.xla.InstructionSequence:\x02\x38\x01\".\n\x13InstructionSequence\x12\x17\n\x0finstruction_ids\x18\x01 \x03(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,31 +40,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HLOCOMPUTATION']._serialized_start=190
   _globals['_HLOCOMPUTATION']._serialized_end=267
   _globals['_HLOINSTRUCTION']._serialized_start=270
-  _globals['_HLOINSTRUCTION']._serialized_end=622
-  _globals['_SHAPE']._serialized_start=624
-  _globals['_SHAPE']._serialized_end=713
-  _globals['_SOURCETARGET']._serialized_start=715
-  _globals['_SOURCETARGET']._serialized_end=761
-  _globals['_COLLECTIVEDEVICELIST']._serialized_start=763
-  _globals['_COLLECTIVEDEVICELIST']._serialized_end=834
-  _globals['_REPLICAGROUP']._serialized_start=836
-  _globals['_REPLICAGROUP']._serialized_end=871
-  _globals['_MESHAXESREPLICAGROUPS']._serialized_start=873
-  _globals['_MESHAXESREPLICAGROUPS']._serialized_end=971
-  _globals['_DEVICEMESH']._serialized_start=973
-  _globals['_DEVICEMESH']._serialized_end=1071
-  _globals['_MESHAXIS']._serialized_start=1073
-  _globals['_MESHAXIS']._serialized_end=1111
-  _globals['_IOTADEVICEIDS']._serialized_start=1113
-  _globals['_IOTADEVICEIDS']._serialized_end=1174
-  _globals['_MESHAXISREF']._serialized_start=1176
-  _globals['_MESHAXISREF']._serialized_end=1257
-  _globals['_SUBAXIS']._serialized_start=1259
-  _globals['_SUBAXIS']._serialized_end=1300
-  _globals['_HLOSCHEDULE']._serialized_start=1303
-  _globals['_HLOSCHEDULE']._serialized_end=1456
-  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_start=1376
-  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_end=1456
-  _globals['_INSTRUCTIONSEQUENCE']._serialized_start=1458
-  _globals['_INSTRUCTIONSEQUENCE']._serialized_end=1504
+  _globals['_HLOINSTRUCTION']._serialized_end=654
+  _globals['_SHAPE']._serialized_start=656
+  _globals['_SHAPE']._serialized_end=745
+  _globals['_SOURCETARGET']._serialized_start=747
+  _globals['_SOURCETARGET']._serialized_end=793
+  _globals['_COLLECTIVEDEVICELIST']._serialized_start=795
+  _globals['_COLLECTIVEDEVICELIST']._serialized_end=866
+  _globals['_REPLICAGROUP']._serialized_start=868
+  _globals['_REPLICAGROUP']._serialized_end=903
+  _globals['_MESHAXESREPLICAGROUPS']._serialized_start=905
+  _globals['_MESHAXESREPLICAGROUPS']._serialized_end=1003
+  _globals['_DEVICEMESH']._serialized_start=1005
+  _globals['_DEVICEMESH']._serialized_end=1103
+  _globals['_MESHAXIS']._serialized_start=1105
+  _globals['_MESHAXIS']._serialized_end=1143
+  _globals['_IOTADEVICEIDS']._serialized_start=1145
+  _globals['_IOTADEVICEIDS']._serialized_end=1206
+  _globals['_MESHAXISREF']._serialized_start=1208
+  _globals['_MESHAXISREF']._serialized_end=1289
+  _globals['_SUBAXIS']._serialized_start=1291
+  _globals['_SUBAXIS']._serialized_end=1332
+  _globals['_HLOSCHEDULE']._serialized_start=1335
+  _globals['_HLOSCHEDULE']._serialized_end=1488
+  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_start=1408
+  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_end=1488
+  _globals['_INSTRUCTIONSEQUENCE']._serialized_start=1490
+  _globals['_INSTRUCTIONSEQUENCE']._serialized_end=1536
 # @@protoc_insertion_point(module_scope)
