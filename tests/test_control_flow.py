@@ -32,6 +32,8 @@ def test_scan_fori_and_cond_unroll(tmp_path):
     assert {n["comm_bytes"] for n in gathers} == {b * d_local * 4}  # per-rank input, f32
     # The nested fori_loop scales the activation OUTER * INNER times.
     assert ops["multiply"] == loops.OUTER * loops.INNER
+    # The cond's selector is h.sum() > 0: data, so the manifest says one branch was a guess.
+    assert json.loads((out / "manifest.json").read_text())["costliest_branches"] == 1
     assert check_traces(out) == []
 
 
@@ -113,6 +115,7 @@ def test_branches_follow_the_loop_counter(tmp_path, stage):
     gather = interleaved.BATCH // 2 * interleaved.D // 4 * 4
     for rank in range(8):
         assert collective_sizes(out, "interleaved", rank) == [gather] * heavy_steps
+    assert json.loads((out / "manifest.json").read_text())["costliest_branches"] == 0
 
 
 @pytest.mark.parametrize("stage", ["partitioned", "optimized"])

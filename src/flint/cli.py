@@ -226,6 +226,8 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
         result = run_extract(request, on_progress, _explain if explain else _warn_unmatched)
     for op in result.graph.unknown_ops:
         stderr.print(f"[yellow]warning:[/] no cost rule for {op}: emitted with bytes only (--strict fails)")
+    if result.graph.costliest_branches:
+        stderr.print(f"[yellow]note:[/] {_branches(result.graph.costliest_branches)}")
     summary = {
         "name": request.name or result.workload.name,
         "ranks": request.mesh.size,
@@ -429,7 +431,15 @@ def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_lat
     if not verdict.ok:
         stderr.print(f"[bold red]the graph and the execution disagree on {len(verdict.disagreements)} "
                      "transfers[/]")
+        if verdict.costliest_branches:
+            stderr.print(f"[yellow]note:[/] {_branches(verdict.costliest_branches)}; the random inputs "
+                         "may have taken another")
         sys.exit(1)
+
+
+def _branches(count: int) -> str:
+    plural = "s" if count > 1 else ""
+    return f"{count} conditional{plural} with a data-dependent selector, traced as the costliest branch"
 
 
 @main.command()

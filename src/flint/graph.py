@@ -62,6 +62,9 @@ class LoopRun:
 class WorkloadGraph:
     """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule.
 
+    `costliest_branches` counts the conditionals reached whose selector depends on data, each
+    traced as its costliest branch (a run may take another).
+
     `loops` are the top-level loops in program order; `loop_of[node]` is `(loop, iteration)` for a
     node unrolled from one. `reads[node]` are the positions of the entry arguments a node reads
     directly or through free ops (nodes that read none are left out). `stages[s]` are the ranks of pipeline stage s, for a graph whose nodes
@@ -75,6 +78,7 @@ class WorkloadGraph:
     loop_of: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     reads: Mapping[int, frozenset[int]] = field(default_factory=dict)
     stages: tuple[tuple[int, ...], ...] = ()
+    costliest_branches: int = 0
 
     def nodes(self):
         """`(id, attributes)` in program (topological) order."""
@@ -119,6 +123,7 @@ class _Builder:
         self.producers: dict[int, frozenset[int]] = {}
         self.known: dict[int, Value] = {}  # integer values known in this iteration
         self.unknown: set[str] = set()
+        self.costliest_branches = 0
         self.scheduled = scheduled
         self.last: frozenset[int] = frozenset()  # what the next scheduled node must follow
         self.in_flight: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
@@ -216,6 +221,7 @@ class _Builder:
         selector = self.known.get(op.operands[0])
         if selector is None:
             chosen = max(op.regions, key=_static_cost)
+            self.costliest_branches += 1
         elif op.opcode == "if":
             chosen = op.regions[0 if selector else 1]
         else:
@@ -315,4 +321,5 @@ def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None)
         tuple(builder.loops),
         builder.loop_of,
         builder.reads,
+        costliest_branches=builder.costliest_branches,
     )

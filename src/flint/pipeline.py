@@ -123,6 +123,7 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
             "comm_groups": f"{prefix}.comm_groups.json",
             "graph": f"{prefix}.graph.json",
         },
+        "costliest_branches": extraction.graph.costliest_branches,
         "rank_totals": [
             {"ranks": rank_ranges, **totals.as_json()} for rank_ranges, totals in extraction.totals
         ],

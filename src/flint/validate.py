@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flint.costs import NO_COST
@@ -97,6 +97,8 @@ class Validation:
     rows: list[KindRow] = field(default_factory=list)
     executed: dict[int, list[tuple[str, Communication]]] = field(default_factory=dict)
     """Per rank, each executed transfer with the instruction that made it."""
+    costliest_branches: int = 0
+    """Conditionals the trace takes as their costliest branch (their selector depends on data)."""
 
     @property
     def ok(self) -> bool:
@@ -111,6 +113,7 @@ class Validation:
             "ok": self.ok,
             "ranks": self.num_ranks,
             "communication_matched": self.matched,
+            "costliest_branches": self.costliest_branches,
             "disagreements": self.disagreements,
             "compute_ops": {
                 "agree": self.compute_counts_agree,
@@ -171,7 +174,8 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
         )
     execution = run_profiled(extraction.workload, make_virtual_mesh(request.mesh))
     timer = NodeTimer(request.device, request.link, groups, len(traces))
-    return compare(execution, traces, groups, timer), execution
+    verdict = compare(execution, traces, groups, timer)
+    return replace(verdict, costliest_branches=extraction.graph.costliest_branches), execution
 
 
 def _traced_layout(directory: Path) -> LayoutRequest:

@@ -212,4 +212,7 @@ def pipeline_graph(
     ranks = stage_ranks(mesh, axis)
     graph = _Composer(piece, regions, request, ranks).compose()
     stages = tuple(tuple(int(r) for r in row) for row in ranks)
-    return WorkloadGraph(graph, mesh.size, piece.unknown_ops, stages=stages), regions
+    graph = WorkloadGraph(
+        graph, mesh.size, piece.unknown_ops, stages=stages, costliest_branches=piece.costliest_branches
+    )
+    return graph, regions
