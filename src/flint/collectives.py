@@ -49,8 +49,11 @@ def comm_bytes(op: Op) -> int:
     """Bytes as ASTRA-sim reads `comm_size`.
 
     The full buffer for all-reduce (all operands of a variadic one) and reduce-scatter (its input); the
-    per-rank input for all-gather and all-to-all.
+    per-rank input for all-gather and all-to-all. A ragged all-to-all sends as many rows of its input
+    as its size operands say, which are data: its whole input is the most it can send.
     """
+    if op.opcode == "ragged_all_to_all":
+        return op.operand_types[0].nbytes
     return sum(t.nbytes for t in op.operand_types)
 
 

@@ -45,7 +45,8 @@ NO_COST = frozenset(
     "optimization_barrier partition_id replica_id reshape tuple".split()
 )
 COLLECTIVES = frozenset(
-    "all_reduce all_gather reduce_scatter all_to_all collective_permute collective_broadcast".split()
+    "all_reduce all_gather reduce_scatter all_to_all ragged_all_to_all collective_permute "
+    "collective_broadcast".split()
 )
 
 

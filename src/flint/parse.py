@@ -27,6 +27,9 @@ _TABLE_LIMIT = 1 << 20
 """Integer constants up to this many elements keep their values (lookup tables indexed by rank)."""
 
 FUSION = "fusion"
+CUSTOM_CALL_COLLECTIVES = frozenset({"ragged_all_to_all"})
+"""Collectives StableHLO has no op for: the conversion writes them as custom calls whose backend
+config holds the channel and the replica groups."""
 """A kernel of the optimised module: its region holds the ops it computes in one pass."""
 
 
@@ -194,6 +197,9 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "select_and_scatter" and "window_dimensions" in attributes:
         out["window"] = _ints(attributes["window_dimensions"])
+    if opcode in CUSTOM_CALL_COLLECTIVES:
+        attributes = ir.DictAttr(attributes["backend_config"])
+        out["channel_id"] = ir.IntegerAttr(attributes["channel_id"]).value
     if "channel_handle" in attributes:
         out["channel_id"] = _channel_id(attributes["channel_handle"])
     if "replica_groups" in attributes:
@@ -213,6 +219,19 @@ def _op_name(op, opcode: str) -> str:
         return op.location.name_str
     except (ValueError, AttributeError):
         return opcode
+
+
+def _opcode(op) -> str:
+    """The op's name without its dialect; a collective the conversion to StableHLO writes as a
+    custom call (`ragged_all_to_all`) goes by its target's name."""
+    from jaxlib.mlir import ir
+
+    opcode = op.name.split(".", 1)[1]
+    if opcode == "custom_call" and "call_target_name" in op.attributes:
+        target = ir.StringAttr(op.attributes["call_target_name"]).value
+        if target in CUSTOM_CALL_COLLECTIVES:
+            return target
+    return opcode
 
 
 class _Walker:
@@ -238,7 +257,7 @@ class _Walker:
         results: tuple[int, ...] = ()
         for mlir_op in block.operations:
             op = mlir_op.operation
-            opcode = op.name.split(".", 1)[1]
+            opcode = _opcode(op)
             if opcode == "return":
                 results = tuple(env[v] for v in op.operands)
             elif op.name == "func.call":

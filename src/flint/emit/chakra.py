@@ -30,6 +30,7 @@ COMM_TYPE = {
     "all_gather": pb.ALL_GATHER,
     "reduce_scatter": pb.REDUCE_SCATTER,
     "all_to_all": pb.ALL_TO_ALL,
+    "ragged_all_to_all": pb.ALL_TO_ALL,
     "collective_broadcast": pb.BROADCAST,
 }
 
