@@ -105,13 +105,14 @@ def collective_sizes(directory, name: str, rank: int) -> list[int]:
 
 @pytest.mark.parametrize("stage", ["partitioned", "optimized"])
 def test_branches_follow_the_loop_counter(tmp_path, stage):
-    """interleaved.py on 2x4: the trace runs the heavy branch on even fori steps and every third scan
-    step only, at both stages (the optimised module computes the selector inside fusions). Each
+    """interleaved.py on 2x4: the trace runs the heavy branch on even fori steps and every third step
+    of each scan only, at both stages (the optimised module computes the selector inside fusions). Each
     all-gather is one rank's h, [BATCH/2, D/4] f32 (Chakra's per-rank input)."""
     out = tmp_path / "t"
     extract(MODELS / "interleaved.py", "2x4", out, "--stage", stage)
-    heavy_steps = len(range(0, interleaved.FORI, 2)) + len(range(0, interleaved.SCAN, 3))
-    assert heavy_steps == 4
+    heavy_steps = sum(len(range(0, n, k)) for n, k in [(interleaved.FORI, 2), (interleaved.SCAN, 3),
+                                                       (interleaved.SWITCH, 3)])
+    assert heavy_steps == 6
     gather = interleaved.BATCH // 2 * interleaved.D // 4 * 4
     for rank in range(8):
         assert collective_sizes(out, "interleaved", rank) == [gather] * heavy_steps

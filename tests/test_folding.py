@@ -25,6 +25,10 @@ def test_dynamic_slice_clamps_its_start():
     assert list(fold(op("dynamic_slice", 3, 4, shape=(2,)), KNOWN)) == [4, 5]  # start 10 -> 4
 
 
+def test_clamp_takes_min_operand_max():
+    assert fold(op("clamp", 5, 4, 2), KNOWN) == 2  # clamp(0, 10, 2)
+
+
 def test_compare_select_and_booleans():
     less = fold(op("compare", 1, 5, dtype="i1", direction="LT"), KNOWN)
     assert less == 1

@@ -96,6 +96,8 @@ def _apply(op: Op, values: list[np.ndarray]) -> np.ndarray | None:
         return np.abs(values[0])
     if op.opcode == "select":
         return np.where(values[0] != 0, values[1], values[2])
+    if op.opcode == "clamp":  # lax.switch clamps its index
+        return np.clip(values[1], values[0], values[2])
     if op.opcode == "slice":
         return values[0][tuple(map(slice, op.attrs["start"], op.attrs["limit"], op.attrs["strides"]))]
     if op.opcode == "dynamic_slice":
