@@ -439,7 +439,8 @@ def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_lat
 
 def _branches(count: int) -> str:
     plural = "s" if count > 1 else ""
-    return f"{count} conditional{plural} with a data-dependent selector, traced as the costliest branch"
+    return (f"{count} conditional{plural} whose selector depends on data or on the rank, traced as "
+            "the costliest branch")
 
 
 @main.command()

@@ -62,13 +62,14 @@ class LoopRun:
 class WorkloadGraph:
     """One step's graph, the rank count it was partitioned for, and op kinds without a cost rule.
 
-    `costliest_branches` counts the conditionals reached whose selector depends on data, each
-    traced as its costliest branch (a run may take another).
+    `costliest_branches` counts the conditionals reached whose selector depends on data or on the
+    rank, each traced as its costliest branch (a run may take another).
 
     `loops` are the top-level loops in program order; `loop_of[node]` is `(loop, iteration)` for a
     node unrolled from one. `reads[node]` are the positions of the entry arguments a node reads
-    directly or through free ops (nodes that read none are left out). `stages[s]` are the ranks of pipeline stage s, for a graph whose nodes
-    carry a `stage` attribute (empty otherwise: every rank runs every node).
+    directly or through free ops (nodes that read none are left out). `stages[s]` are the ranks of
+    pipeline stage s, for a graph whose nodes carry a `stage` attribute (empty otherwise: every rank
+    runs every node).
     """
 
     graph: nx.DiGraph

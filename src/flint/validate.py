@@ -98,7 +98,8 @@ class Validation:
     executed: dict[int, list[tuple[str, Communication]]] = field(default_factory=dict)
     """Per rank, each executed transfer with the instruction that made it."""
     costliest_branches: int = 0
-    """Conditionals the trace takes as their costliest branch (their selector depends on data)."""
+    """Conditionals the trace takes as their costliest branch (their selector depends on data or
+    on the rank)."""
 
     @property
     def ok(self) -> bool:
