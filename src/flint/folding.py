@@ -19,11 +19,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from flint.parse import FUSION, Op
+from flint.parse import FOLDABLE, FUSION, Op
 
 Value = int | np.ndarray
-LARGEST = 4096
-"""Tensors of more elements are never folded: selectors and lookup tables are small."""
 
 ARITHMETIC: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add,
@@ -51,7 +49,7 @@ _SAME_VALUE = ("copy", "reshape", "bitcast", "convert", "optimization_barrier")
 def fold(op: Op, known: Mapping[int, Value]) -> Value | None:
     """The value of `op`'s one result, if it is an integer op whose operands are all known."""
     result = op.result_types[0] if len(op.results) == 1 else None
-    if result is None or result.elements > LARGEST or not result.dtype.startswith(("i", "ui", "si")):
+    if result is None or result.elements > FOLDABLE or not result.dtype.startswith(("i", "ui", "si")):
         return None
     if op.opcode == "constant":
         found = op.attrs.get("value", op.attrs.get("array"))

@@ -25,6 +25,9 @@ CONTROL_FLOW = frozenset({"while", "case", "if", "async_start"})
 
 _TABLE_LIMIT = 1 << 20
 """Integer constants up to this many elements keep their values (lookup tables indexed by rank)."""
+FOLDABLE = 4096
+"""Integer tensors of up to this many elements are folded (`flint.folding`); splat constants are
+kept as arrays only up to this size."""
 
 FUSION = "fusion"
 CUSTOM_CALL_COLLECTIVES = frozenset({"ragged_all_to_all"})
@@ -180,7 +183,7 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         if isinstance(value.type.element_type, ir.IntegerType):
             if value.is_splat and not value.type.shape:
                 out["value"] = int(ir.IntegerAttr(value.get_splat_value()).value)
-            elif value.is_splat and math.prod(value.type.shape) <= _TABLE_LIMIT:
+            elif value.is_splat and math.prod(value.type.shape) <= FOLDABLE:
                 out["array"] = np.full(value.type.shape, ir.IntegerAttr(value.get_splat_value()).value)
             elif not value.is_splat and len(value) <= _TABLE_LIMIT:
                 # lookup tables: partition-id offsets of reduce-scatters, layer indices of scans
