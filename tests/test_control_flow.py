@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 
@@ -103,13 +104,20 @@ def collective_sizes(directory, name: str, rank: int) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("stage", ["partitioned", "optimized"])
-def test_branches_follow_the_loop_counter(tmp_path, stage):
+TPU = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="needs libtpu (flint-traces[tpu])"
+)
+ON_TPU = pytest.param(("--backend", "tpu:v5e:2x4"), marks=TPU)
+
+
+@pytest.mark.parametrize("compiled", [("--stage", "partitioned"), ("--stage", "optimized"), ON_TPU])
+def test_branches_follow_the_loop_counter(tmp_path, compiled):
     """interleaved.py on 2x4: the trace runs the heavy branch on even fori steps and every third step
-    of each scan only, at both stages (the optimised module computes the selector inside fusions). Each
-    all-gather is one rank's h, [BATCH/2, D/4] f32 (Chakra's per-rank input)."""
+    of each scan only, at both stages (the optimised module computes the selector inside fusions) and
+    as the TPU compiler partitions it. Each all-gather is one rank's h, [BATCH/2, D/4] f32 (Chakra's
+    per-rank input)."""
     out = tmp_path / "t"
-    extract(MODELS / "interleaved.py", "2x4", out, "--stage", stage)
+    extract(MODELS / "interleaved.py", "2x4", out, *compiled)
     heavy_steps = sum(len(range(0, n, k)) for n, k in [(interleaved.FORI, 2), (interleaved.SCAN, 3),
                                                        (interleaved.SWITCH, 3)])
     assert heavy_steps == 6
