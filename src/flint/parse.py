@@ -30,10 +30,10 @@ FOLDABLE = 4096
 kept as arrays only up to this size."""
 
 FUSION = "fusion"
+"""A kernel of the optimised module: its region holds the ops it computes in one pass."""
 CUSTOM_CALL_COLLECTIVES = frozenset({"ragged_all_to_all"})
 """Collectives StableHLO has no op for: the conversion writes them as custom calls whose backend
 config holds the channel and the replica groups."""
-"""A kernel of the optimised module: its region holds the ops it computes in one pass."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "select_and_scatter" and "window_dimensions" in attributes:
         out["window"] = _ints(attributes["window_dimensions"])
-    if opcode in CUSTOM_CALL_COLLECTIVES:
+    if opcode in CUSTOM_CALL_COLLECTIVES:  # its replica groups, below, are in the config too
         attributes = ir.DictAttr(attributes["backend_config"])
         out["channel_id"] = ir.IntegerAttr(attributes["channel_id"]).value
     if "channel_handle" in attributes:
