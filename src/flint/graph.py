@@ -102,6 +102,14 @@ class WorkloadGraph:
         )
 
 
+def _union(table: Mapping[int, frozenset[int]], values) -> frozenset[int]:
+    """Everything `table` holds for any of `values`."""
+    found: frozenset[int] = frozenset()
+    for value in values:
+        found |= table.get(value, frozenset())
+    return found
+
+
 def _static_cost(region: Region) -> tuple[int, int]:
     """(FLOPs, bytes) of a region's ops with nested regions counted once: enough to rank branches."""
     flops = nbytes = 0
@@ -137,16 +145,12 @@ class _Builder:
         self.reads: dict[int, frozenset[int]] = {}
 
     def deps(self, values) -> frozenset[int]:
-        found: frozenset[int] = frozenset()
-        for value in values:
-            found |= self.producers.get(value, frozenset())
-        return found
+        """The nodes that produced `values`."""
+        return _union(self.producers, values)
 
     def read(self, values) -> frozenset[int]:
-        found: frozenset[int] = frozenset()
-        for value in values:
-            found |= self.inputs.get(value, frozenset())
-        return found
+        """The entry arguments `values` pass on."""
+        return _union(self.inputs, values)
 
     def bind(self, targets, sources) -> None:
         """Make each target value stand for what produced the matching source value."""
