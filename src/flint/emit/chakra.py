@@ -134,12 +134,10 @@ class ChakraEmitter:
     def _check_every_rank_has_a_group(self) -> None:
         """Every rank that runs a collective is in one of its groups: every rank, or in a
         pipelined graph the ranks of the collective's stage (the same for its whole partition)."""
-        first: dict[int, int] = {}
-        for node, partition in sorted(self.groups.partition_of.items()):
-            first.setdefault(partition, node)
+        first = self.groups.first_node
         outside = self.groups.ids_of_rank == 0
         stage_of = self.graph.stage_of_rank()
-        for partition, node in first.items():
+        for partition, node in enumerate(first):
             stage = self.graph.graph.nodes[node].get("stage")
             if stage is not None:
                 outside[stage_of != stage, partition] = False

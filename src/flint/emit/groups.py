@@ -18,13 +18,15 @@ class GroupTable:
     """Every distinct rank group of the trace, numbered from 1 in order of first use.
 
     Ids are what `pg_name` holds and what the communicator-group file maps back to ranks.
-    `partition_of[node]` names the partition a collective node runs over; `ids_of_rank[rank, p]` is
-    the id of the rank's group in partition p (0 where the rank is in none of its groups).
+    `partition_of[node]` names the partition a collective node runs over, `first_node[p]` the first
+    node to run over partition p; `ids_of_rank[rank, p]` is the id of the rank's group in partition
+    p (0 where the rank is in none of its groups).
     """
 
     def __init__(self, graph: WorkloadGraph):
         self.ids: dict[tuple[int, ...], int] = {}
         self.partition_of: dict[int, int] = {}
+        self.first_node: list[int] = []
         partitions: dict[Partition, int] = {}
         for node, data in graph.nodes():
             groups = data.get("groups")
@@ -33,6 +35,7 @@ class GroupTable:
             index = partitions.get(groups)
             if index is None:  # a partition seen before already numbered all its groups
                 index = partitions[groups] = len(partitions)
+                self.first_node.append(node)
                 for group in groups:
                     self.ids.setdefault(group, len(self.ids) + 1)
             self.partition_of[node] = index

@@ -50,10 +50,7 @@ def _missing_files(directory: Path, prefix: str, num_ranks: int) -> list[Violati
 def _group_use(emitter: ChakraEmitter, written: dict[int, tuple[int, ...]]) -> list[Violation]:
     """Ranks naming each group, per collective partition, against the group's written members."""
     violations = []
-    first_node: dict[int, int] = {}
-    for node, partition in sorted(emitter.groups.partition_of.items()):
-        first_node.setdefault(partition, node)
-    for partition, node in sorted(first_node.items()):
+    for partition, node in enumerate(emitter.groups.first_node):
         named = emitter.groups.ids_of_rank[:, partition]
         order = np.argsort(named, kind="stable")
         ids, starts = np.unique(named[order], return_index=True)
