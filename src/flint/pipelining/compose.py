@@ -103,12 +103,19 @@ class _Composer:
                     self.out.add_edge(end, start, ctrl=True)
         self.last[stage] = nodes
 
+    def incoming(self, stage: int, work: Work) -> tuple[str, int, int] | None:
+        """The key of the permute bringing the unit its input: the activation from the virtual
+        stage before, or the gradient from the one after (None for the first forward and the last
+        backward, which receive nothing)."""
+        v = work.chunk * self.request.stages + stage
+        if work.kind == FORWARD:
+            return None if v == 0 else (FORWARD, work.microbatch, v - 1)
+        return None if v == self.last_virtual else (BACKWARD, work.microbatch, v + 1)
+
     def ready(self, stage: int, work: Work) -> bool:
         """Whether what the unit receives from another stage has been sent."""
-        v, last = work.chunk * self.request.stages + stage, self.last_virtual
-        if work.kind == FORWARD:
-            return v == 0 or (FORWARD, work.microbatch, v - 1) in self.permutes
-        return v == last or (BACKWARD, work.microbatch, v + 1) in self.permutes
+        key = self.incoming(stage, work)
+        return key is None or key in self.permutes
 
     @property
     def last_virtual(self) -> int:
@@ -141,10 +148,12 @@ class _Composer:
         m, v = work.microbatch, work.chunk * S + stage
         label = f"{work.kind}{m}.{work.chunk}"
         first = self.out.number_of_nodes()
+        key = self.incoming(stage, work)
+        received = () if key is None else (self.permutes[key],)
         if work.kind == FORWARD:
             context: dict = {}
-            if v > 0:
-                context[PRE] = (self.permutes[FORWARD, m, v - 1],)
+            if received:
+                context[PRE] = received  # the activation stands for the embedding's output
             regions = ((PRE,) if v == 0 else ()) + (LOCAL, FWD) + ((MID,) if v == self.last_virtual else ())
             self.copy(regions, stage, label, context)
             end = self.out.number_of_nodes()
@@ -153,8 +162,8 @@ class _Composer:
                 self.send(work, stage, (stage + 1) % S, sources, context, nbytes)
         else:
             context = dict(self.units[stage, Work(FORWARD, m, work.chunk)])
-            if v < self.last_virtual:
-                context[MID] = (self.permutes[BACKWARD, m, v + 1],)
+            if received:
+                context[MID] = received  # the gradient stands for the head's backward
             skip = self.regions.gradient_sync if m < M - 1 else frozenset()
             regions = (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ())
             regions += (GRAD_LAST,) if v == self.last_virtual else ()
@@ -164,9 +173,6 @@ class _Composer:
                 sources, nbytes = self.regions.sends_backward, self.regions.gradient_bytes
                 self.send(work, stage, (stage - 1) % S, sources, context, nbytes)
         self.units[stage, work] = context
-        received = () if v == (0 if work.kind == FORWARD else self.last_virtual) else (
-            self.permutes[work.kind, m, v - 1 if work.kind == FORWARD else v + 1],
-        )
         self.order_after_previous(stage, list(range(first, end)), received)
 
     def compose(self) -> nx.DiGraph:
