@@ -296,13 +296,14 @@ def traced_communication(
 def is_compute(instruction: Instruction) -> bool:
     """Whether an executed instruction should be one COMP or MEM node of the trace."""
     opcode = instruction.opcode
-    return not (
-        opcode in COLLECTIVE_KIND
-        or opcode == PERMUTE
-        or opcode in CONTROL_FLOW
-        or _kind(opcode) in NO_COST
-        or instruction.in_loop_condition  # the trace unrolls loops: their conditions are not work
-    )
+    return not (opcode in COLLECTIVE_KIND or opcode == PERMUTE or _bookkeeping(instruction))
+
+
+def _bookkeeping(instruction: Instruction) -> bool:
+    """Control flow, free ops and loop conditions: no node of the trace stands for them (the trace
+    unrolls loops, inlines calls and drops what costs nothing)."""
+    opcode = instruction.opcode
+    return opcode in CONTROL_FLOW or _kind(opcode) in NO_COST or instruction.in_loop_condition
 
 
 def _kind(name: str) -> str:
@@ -324,11 +325,10 @@ def _rows(execution: Execution, traces: list[RankTrace], timer: NodeTimer) -> li
     executed: Counter[str] = Counter()
     measured: Counter[str] = Counter()
     for op in execution.ops:
-        opcode = op.instruction.opcode
-        if opcode in CONTROL_FLOW or _kind(opcode) in NO_COST or op.instruction.in_loop_condition:
+        if _bookkeeping(op.instruction):
             continue
-        executed[_kind(opcode)] += 1
-        measured[_kind(opcode)] += op.duration_ns / 1e3
+        executed[_kind(op.instruction.opcode)] += 1
+        measured[_kind(op.instruction.opcode)] += op.duration_ns / 1e3
     traced: Counter[str] = Counter()
     predicted: Counter[str] = Counter()
     for trace in traces:
