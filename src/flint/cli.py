@@ -215,8 +215,6 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
         pipeline=pipeline,
         command=shlex.join(["flint", *sys.argv[1:]]),
     )
-    if pipeline:
-        pipeline.stage_axis(request.mesh)
     with _progress(as_json) as bars:
         task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
 
