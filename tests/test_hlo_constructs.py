@@ -13,7 +13,7 @@ from jax._src.lib import _jax
 
 from flint.graph import build_graph
 from flint.parse import parse_module
-from flint.partition import PartitionedModule, in_schedule_order
+from flint.partition import PartitionedModule, for_conversion
 
 ADD = """
 add {
@@ -31,7 +31,7 @@ def graph_of(entry: str, ranks: int = 8, computations: str = ADD, scheduled: boo
     proto = hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
     stage = "optimized" if scheduled else "partitioned"
     if scheduled:
-        proto = in_schedule_order(proto)
+        proto = for_conversion(proto)
     module = PartitionedModule(stage, bytes(_jax.mlir.hlo_to_stablehlo(proto)), ranks, 0.0, 0.0)
     return build_graph(parse_module(module), ranks)
 

@@ -75,18 +75,24 @@ def _hlo_module_proto(dump: Path, stage: str) -> bytes:
     return HloProtoEnvelope.FromString(found[0].read_bytes()).hlo_module
 
 
-def in_schedule_order(module_proto: bytes) -> bytes:
-    """`module_proto` with each scheduled computation's instructions listed in schedule order.
-
-    Each instruction also gets the one scheduled before it as a control predecessor: the conversion
-    to StableHLO orders ops by dependencies only, and this makes the schedule one of them. Modules
-    without a schedule come back unchanged.
-    """
+def for_conversion(module_proto: bytes) -> bytes:
+    """The optimised module as the conversion to StableHLO must see it, parsed and written once:
+    in schedule order, with the groups of its several-operand all-to-alls written out."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     module = HloModule.FromString(module_proto)
-    if not module.schedule.sequences:
-        return module_proto
+    _in_schedule_order(module)
+    _write_out_tuple_all_to_all_groups(module)
+    return module.SerializeToString()
+
+
+def _in_schedule_order(module) -> None:
+    """List each scheduled computation's instructions in schedule order.
+
+    Each instruction also gets the one scheduled before it as a control predecessor: the conversion
+    to StableHLO orders ops by dependencies only, and this makes the schedule one of them. Modules
+    without a schedule are left as they are.
+    """
     for computation in module.computations:
         sequence = module.schedule.sequences.get(computation.id)
         if sequence is None:
@@ -98,7 +104,6 @@ def in_schedule_order(module_proto: bytes) -> bytes:
                 instruction.control_predecessor_ids.append(before.id)
         del computation.instructions[:]
         computation.instructions.extend(ordered)
-    return module.SerializeToString()
 
 
 def mesh_axes_groups_by_channel(module_proto: bytes) -> dict[int, np.ndarray]:
@@ -113,15 +118,12 @@ def mesh_axes_groups_by_channel(module_proto: bytes) -> dict[int, np.ndarray]:
     }
 
 
-def with_tuple_all_to_all_groups_written_out(module_proto: bytes) -> bytes:
-    """`module_proto` with the mesh-axes groups of each all-to-all of several operands written out.
+def _write_out_tuple_all_to_all_groups(module) -> None:
+    """Write out the mesh-axes groups of each all-to-all of several operands.
 
     The CPU compiler turns every all-to-all into that form; jaxlib's conversion to StableHLO keeps
     its mesh-axes groups, which MLIR's verifier then rejects on it.
     """
-    from flint.schema.hlo_envelope_pb2 import HloModule
-
-    module = HloModule.FromString(module_proto)
     for computation in module.computations:
         for instruction in computation.instructions:
             if instruction.opcode != "all-to-all" or len(instruction.operand_ids) < 2:
@@ -132,7 +134,6 @@ def with_tuple_all_to_all_groups_written_out(module_proto: bytes) -> bytes:
             instruction.ClearField("mesh_axes_replica_groups")
             for group in groups:
                 instruction.collective_device_list.replica_groups.add(replica_ids=group.tolist())
-    return module.SerializeToString()
 
 
 def _explicit_groups(groups) -> np.ndarray:
@@ -191,7 +192,7 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         module_proto = _hlo_module_proto(Path(tmp), stage)
     compiled_at = time.perf_counter()
     if stage == "optimized":
-        module_proto = with_tuple_all_to_all_groups_written_out(in_schedule_order(module_proto))
+        module_proto = for_conversion(module_proto)
     return PartitionedModule(
         stage=stage,
         stablehlo=bytes(_jax.mlir.hlo_to_stablehlo(module_proto)),
