@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from flint.backend import make_virtual_mesh
+    from flint.compile.backend import make_virtual_mesh
     from flint.devices import load_device
     from flint.frontend import load_workload
     from flint.mesh import parse_mesh

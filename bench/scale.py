@@ -46,7 +46,7 @@ STAGES = ("load", "lower", "partition", "parse", "graph", "emit", "check")
 
 def _child(args: argparse.Namespace) -> None:
     """Extract one size and print its measurements as one JSON line."""
-    from flint.backend import parse_backend
+    from flint.compile.backend import parse_backend
     from flint.devices import load_device
     from flint.mesh import parse_mesh
     from flint.pipeline import ExtractRequest, extract

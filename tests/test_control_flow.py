@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 from conftest import EXAMPLES, MODELS, extract, flint
+from models import interleaved, loops, triangular
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, read_trace
-from models import interleaved, loops, triangular
 
 
 def graph(directory, name):

@@ -1,11 +1,11 @@
-"""Integer folding (`flint.folding`) in StableHLO's semantics, on ops built by hand."""
+"""Integer folding (`flint.ir.folding`) in StableHLO's semantics, on ops built by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from flint.folding import fold
-from flint.parse import Op, TensorType
+from flint.ir.folding import fold
+from flint.ir.parse import Op, TensorType
 
 
 def op(opcode: str, *operands: int, shape=(), dtype="i32", **attrs) -> Op:

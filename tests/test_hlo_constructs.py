@@ -11,9 +11,9 @@ import jaxlib._hlo as hlo
 import pytest
 from jax._src.lib import _jax
 
+from flint.compile.capture import PartitionedModule, for_conversion
 from flint.graph import build_graph
-from flint.parse import parse_module
-from flint.partition import PartitionedModule, for_conversion
+from flint.ir.parse import parse_module
 
 ADD = """
 add {

@@ -19,12 +19,12 @@ import pytest
 from conftest import flint
 from test_trace_contract import valid_trace
 
+from flint.analysis.dot import to_dot, write_graph
+from flint.analysis.summary import spread, summarize
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.dot import to_dot, write_graph
 from flint.trace.reader import locate_traces, read_trace
-from flint.trace.summary import spread, summarize
 from flint.trace.timing import Link, NodeTimer
 
 DEVICE_ARGS = ("--link-gbps", "1", "--link-latency-us", "2")

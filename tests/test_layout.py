@@ -248,7 +248,7 @@ def test_rule_matching_nothing_is_a_warning(tmp_path):
 
 def test_logical_inputs_follow_the_rules(tmp_path):
     """A model naming logical axes of its inputs gets them split by --rule, unsplit without one."""
-    from flint.backend import make_virtual_mesh
+    from flint.compile.backend import make_virtual_mesh
     from flint.frontend import load_workload
     from flint.layout import LayoutRequest, apply_layout, parse_rule
     from flint.mesh import parse_mesh

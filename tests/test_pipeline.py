@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import MODELS, assert_sends_match_receives, extract, flint, transfers
 
+from flint.analysis.timeline import load_timeline
+from flint.devices import Device
 from flint.pipelining import gpipe, interleaved, one_f_one_b
 from flint.schema import et_def_pb2 as pb
-from flint.timeline import load_timeline
-from flint.devices import Device
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
 from flint.trace.timing import Link, NodeTimer

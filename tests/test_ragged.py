@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from conftest import MODELS, extract, flint
+from models import ragged
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, read_trace, read_trace_set
 from flint.trace.timing import group_id
-from models import ragged
 
 
 def test_ragged_all_to_all_is_an_all_to_all_of_its_whole_input(tmp_path):

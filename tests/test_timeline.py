@@ -22,10 +22,10 @@ import pytest
 from conftest import flint
 from test_trace_contract import TraceSet, make_node, set_attr
 
+from flint.analysis.timeline import COMM, COMPUTE, load_timeline, to_trace_events
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.timeline import COMM, COMPUTE, load_timeline, to_trace_events
 from flint.trace.timing import Link, NodeTimer
 
 DEVICE = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)

@@ -95,7 +95,7 @@ def test_preset_follows_the_plan(traces):
 def test_preset_reads_linear_weights_out_by_in():
     """Without the plan, the shape rule splits nn.Linear's [out, in] weights the Megatron way:
     fc1 [F, D] by its output features (column-parallel), fc2 [D, F] by its input features."""
-    from flint.backend import make_virtual_mesh
+    from flint.compile.backend import make_virtual_mesh
     from flint.frontend import load_workload
     from flint.layout import LayoutRequest, apply_layout
     from flint.mesh import parse_mesh

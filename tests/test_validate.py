@@ -18,7 +18,7 @@ from conftest import EXAMPLES, MODELS, extract, flint, load_example
 from models import cpu_quirks
 from test_trace_contract import set_attr
 
-from flint.execution import describe
+from flint.analysis.execution import describe
 from flint.schema import et_def_pb2 as pb
 from flint.schema.hlo_envelope_pb2 import HloModule
 from flint.trace import attr_value, encode_delimited, read_trace
@@ -81,7 +81,7 @@ def test_pipeline_permutes_execute_as_sends_and_receives() -> None:
     """examples/pipeline_manual.py on `--mesh pp=4` (see test_pipeline_manual): M + S - 2 permutes
     each way, every one a SEND to a neighbour stage and a RECV from the other neighbour, as the pairs
     the executable ran with say. The CPU compiler widens the bf16 activation to f32 (2x its bytes)."""
-    from test_pipeline_manual import PERMUTES, S, gpt, example
+    from test_pipeline_manual import PERMUTES, S, example, gpt
 
     run = flint("validate", EXAMPLES / "pipeline_manual.py", "--mesh", f"pp={S}", "--json")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -1,3 +1,20 @@
-"""Flint: Chakra execution traces from JAX steps, partitioned by the XLA compiler on a virtual mesh."""
+"""Flint: Chakra execution traces from JAX steps, partitioned by the XLA compiler on a virtual mesh.
+
+The package is laid out as the pipeline runs, one package per stage, each importing only from the
+stages before it and from the foundation below them all (`tests/test_structure.py` checks this):
+
+    foundation   errors, schema (generated protobuf), devices, mesh, sharding (what model files import)
+    trace        the Chakra format: framing, reader, contract, node timing
+    frontend     1  model file -> Workload
+    layout       2  shardings from the model, --strategy, --config, --rule, --shard
+    compile      3  XLA partitions the step for a virtual mesh; the module is captured
+    ir           4  typed ops through the MLIR bindings; cost, loop and folding rules
+    graph        5  networkx workload graph: loops unrolled, calls inlined
+    pipelining   6  (optional) copies of one stage's graph laid out by a schedule
+    emit         7  .et per rank, communicator groups, manifest
+    pipeline     `extract()`: the stages in order, each artifact kept
+    analysis     tools that read traces back: inspect, graph, timeline, validate
+    cli          wiring only
+"""
 
 __version__ = "0.1.0"

@@ -14,13 +14,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flint import __version__
+from flint.analysis.dot import MAX_NODES
+from flint.compile.capture import STAGES
 from flint.devices import BUILTIN, load_device
 from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
-from flint.partition import STAGES
 from flint.pipelining import SCHEDULES
-from flint.trace.dot import MAX_NODES
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # long paths stay on one line
 stdout = Console(highlight=False, soft_wrap=True)
@@ -186,10 +186,11 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
     Writes NAME.<rank>.et for every rank, NAME.comm_groups.json (for ASTRA-sim's
     --comm-group-configuration), NAME.graph.json (one rank's workload graph) and manifest.json.
     """
-    from flint.backend import parse_backend
+    from flint.compile.backend import parse_backend
     from flint.emit import prepare_output
     from flint.layout import LayoutRequest, merge, parse_rule, parse_shard, read_config
-    from flint.pipeline import ExtractRequest, extract as run_extract, pipeline_summary
+    from flint.pipeline import ExtractRequest, pipeline_summary
+    from flint.pipeline import extract as run_extract
 
     started = time.perf_counter()
     pipeline = _pipeline_request(stages, microbatches, pipeline_schedule, virtual_stages)
@@ -306,10 +307,10 @@ def inspect(path, rank, prefix, as_json, device_spec, link_gbps, link_latency_us
     PATH is a trace directory or a single .et file; any trace following the Chakra schema works.
     Details are shown for the first rank listed (--rank picks one).
     """
+    from flint.analysis.summary import summarize
+    from flint.analysis.views import inspect_view
     from flint.trace.errors import TraceFormatError
     from flint.trace.reader import read_trace
-    from flint.trace.summary import summarize
-    from flint.views import inspect_view
 
     files = _trace_files(path, prefix, rank)
     timer = _timer(device_spec, link_gbps, link_latency_us, files.groups, files.num_ranks)
@@ -356,8 +357,8 @@ def timeline(directory, output, plot, prefix, as_json, device_spec, link_gbps, l
     alpha-beta ring times starting when their whole group reaches them, a RECV no earlier than its
     SEND. Refuses a trace that breaks the contract (see `flint check`).
     """
-    from flint.timeline import load_timeline, to_trace_events
-    from flint.views import timeline_view
+    from flint.analysis.timeline import load_timeline, to_trace_events
+    from flint.analysis.views import timeline_view
 
     _trace_files(directory, prefix)
     scheduled = load_timeline(
@@ -371,7 +372,7 @@ def timeline(directory, output, plot, prefix, as_json, device_spec, link_gbps, l
     except OSError as exc:
         raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
     if plot:
-        from flint.plot import plot_ranks
+        from flint.analysis.plot import plot_ranks
 
         plot_ranks(scheduled, plot, f"{directory.name}: one step, {scheduled.step:,.1f} µs")
     if as_json:
@@ -397,9 +398,10 @@ def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_lat
     match one trace node by kind, group and bytes (exit 1 otherwise, listing each disagreement);
     compute ops are matched by count, and measured times are set beside predicted ones per kind.
     """
+    from flint.analysis.validate import ValidateRequest
+    from flint.analysis.validate import validate as run_validate
+    from flint.analysis.views import validation_view
     from flint.trace.timing import Link
-    from flint.validate import ValidateRequest, validate as run_validate
-    from flint.views import validation_view
 
     request = ValidateRequest(
         model=model,
@@ -453,7 +455,7 @@ def _branches(count: int) -> str:
 def graph(path, rank, output, max_nodes, prefix, device_spec, link_gbps, link_latency_us):
     """Draw one rank's dependency graph (small traces): nodes with cost and time, data deps solid,
     ctrl deps dashed."""
-    from flint.trace.dot import write_graph
+    from flint.analysis.dot import write_graph
     from flint.trace.reader import read_trace
 
     files = _trace_files(path, prefix, None if path.is_file() else rank)

@@ -1,7 +1,8 @@
-"""Stage 2a: the `--mesh` grammar.
+"""The `--mesh` grammar, and the roles a mesh's axis names give its axes.
 
 A mesh is written either positionally (`8x8`, `2x4x8`), taking documented default axis names, or with
-names (`data=16,tensor=8`). The result is a plain description; `backend.py` turns it into devices.
+names (`data=16,tensor=8`). The result is a plain description; `flint.compile.backend` turns it into
+devices. Every stage speaks of meshes, so this module sits below them all, beside `flint.sharding`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 from dataclasses import dataclass
 
 from flint.errors import FlintError
+
+TENSOR_AXIS_NAMES = ("tensor", "tp", "model")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^[0-9]+$")
@@ -71,3 +74,18 @@ def parse_mesh(spec: str) -> MeshSpec:
         return MeshSpec(tuple(sizes), tuple(names))
     sizes = tuple(_parse_size(part.strip(), spec) for part in text.lower().split("x"))
     return MeshSpec(sizes, default_axis_names(len(sizes)))
+
+
+def axis_named(names: tuple[str, ...], wanted: tuple[str, ...], default: str) -> str:
+    """The first of a mesh's axis `names` that is one of `wanted`, else `default`."""
+    return next((n for n in names if n in wanted), default)
+
+
+def tensor_axis(names: tuple[str, ...]) -> str:
+    """The tensor axis of a mesh: the one named `tensor`, `tp` or `model`, else the last."""
+    return axis_named(names, TENSOR_AXIS_NAMES, names[-1])
+
+
+def ways(mesh, axes: tuple[str, ...]) -> int:
+    """How many pieces splitting over the mesh axes `axes` makes."""
+    return math.prod(mesh.shape[axis] for axis in axes)

@@ -26,7 +26,8 @@ from pathlib import Path
 import networkx as nx
 
 import flint
-from flint.backend import CPU, Backend, make_virtual_mesh
+from flint.compile.backend import CPU, Backend, make_virtual_mesh
+from flint.compile.capture import PartitionedModule, partition
 from flint.devices import Device
 from flint.emit import (
     ChakraEmitter,
@@ -42,10 +43,9 @@ from flint.emit import (
 from flint.errors import FlintError
 from flint.frontend import Workload, load_workload
 from flint.graph import WorkloadGraph, build_graph
+from flint.ir.parse import Program, parse_module
 from flint.layout import Layout, LayoutRequest, apply_layout
 from flint.mesh import MeshSpec
-from flint.parse import Program, parse_module
-from flint.partition import PartitionedModule, partition
 from flint.pipelining import PipelineRequest, Regions, one_microbatch, pipeline_graph, stage_mesh
 
 Progress = Callable[[str, int, int], None]

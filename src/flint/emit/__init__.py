@@ -1,4 +1,14 @@
-"""Stage 6: write the workload graph as Chakra traces, one file per rank, plus files for humans."""
+"""Stage 7, emit: write the workload graph as Chakra traces, one file per rank, plus files for humans.
+
+In: a `WorkloadGraph` (from `flint.graph`, or laid out over stages by `flint.pipelining`), the mesh's
+rank count and a `Device`. Out: one `.et` per rank, the communicator-group file and the per-rank
+totals for the manifest, written into a staging directory that replaces the output only when
+everything succeeded (`writer`). Ranks that send and receive alike share one serialized template
+(`classes`, `plan`, `template`, `chakra`), written by threads (`parallel`) and checked against the
+trace contract (`verify`).
+
+Imports: `flint.graph`, `flint.trace` (the format) and the foundation modules.
+"""
 
 from flint.emit.chakra import ChakraEmitter
 from flint.emit.classes import RankClasses, rank_classes

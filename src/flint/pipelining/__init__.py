@@ -1,4 +1,9 @@
-"""Pipeline parallelism with a schedule, for a step whose layers are a `lax.scan`.
+"""Stage 6, pipelining (optional): pipeline parallelism with a schedule, for a step whose layers are a
+`lax.scan`.
+
+In: the `WorkloadGraph` of one microbatch of one chunk of layers, compiled on the mesh without the
+stage axis. Out: one `WorkloadGraph` for the whole mesh, its nodes tagged with the stage that runs
+them. Imports: `flint.graph`, `flint.ir`, `flint.layout`, the frontend and the foundation modules.
 
 `flint extract --pipeline-stages S --microbatches M --schedule gpipe|1f1b|interleaved
 [--virtual-stages V]` on a mesh with a stage axis (named `pp` or `stage`, of size S). Flint never

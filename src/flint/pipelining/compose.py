@@ -6,9 +6,9 @@ import networkx as nx
 import numpy as np
 
 from flint.graph import WorkloadGraph
+from flint.ir.parse import Program
 from flint.layout import Layout
 from flint.mesh import MeshSpec
-from flint.parse import Program
 from flint.pipelining.piece import stage_ranks
 from flint.pipelining.regions import (
     BWD,
@@ -27,7 +27,6 @@ from flint.pipelining.regions import (
     find_regions,
 )
 from flint.pipelining.schedules import BACKWARD, FORWARD, PipelineRequest, Work, schedule
-
 
 Copy = dict[int, tuple[int, ...]]
 """A region's copy: node of the piece -> nodes of the pipelined graph that stand for it."""

@@ -8,8 +8,8 @@ import numpy as np
 
 from flint.errors import FlintError
 from flint.frontend import Workload
-from flint.layout import Layout, stacked_paths, ways
-from flint.mesh import MeshSpec
+from flint.layout import Layout, stacked_paths
+from flint.mesh import MeshSpec, ways
 from flint.pipelining.schedules import PipelineRequest
 
 

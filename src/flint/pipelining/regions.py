@@ -9,8 +9,7 @@ import networkx as nx
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
-from flint.parse import Op, Program
-
+from flint.ir.parse import Op, Program
 
 PRE, LOCAL, FWD, MID, BWD = "pre", "local", "fwd", "mid", "bwd"
 POST, POST_FIRST, POST_LAST = "post", "post-first", "post-last"

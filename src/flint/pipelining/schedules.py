@@ -8,7 +8,6 @@ from typing import NamedTuple
 from flint.errors import FlintError
 from flint.mesh import MeshSpec
 
-
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 STAGE_AXES = ("pp", "stage")
 FORWARD, BACKWARD = "F", "B"

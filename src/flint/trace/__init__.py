@@ -1,4 +1,12 @@
-"""Reading, writing and validating Chakra execution traces (``.et``) for ASTRA-sim."""
+"""The Chakra execution-trace format (``.et``) as ASTRA-sim reads it: framing, reading, the contract.
+
+What `flint.emit` writes with and what the tools of `flint.analysis` read with: length-delimited
+framing, a reader for rank files and the communicator-group file, the rules of the trace contract
+checked across ranks, and how long a node takes (`timing`). It knows nothing of how a trace was
+made, so it reads any producer's traces.
+
+Imports: the foundation modules only (`flint.schema`, `flint.devices`).
+"""
 
 from flint.trace.contract import RULES, Violation, check_traces
 from flint.trace.errors import TraceFormatError

@@ -1,7 +1,7 @@
 """Run a step for real on the virtual devices and read back, from JAX's profiler, what ran where.
 
 The step is compiled exactly as the extraction compiles it (its logical rules in effect, small loops
-left whole: see `flint.partition.WHOLE_LOOPS`) and called with random inputs: floats
+left whole: see `flint.compile.capture.WHOLE_LOOPS`) and called with random inputs: floats
 from a standard normal distribution, integers and booleans as zeros (so any index is in range). One
 warm-up call, then one call under `jax.profiler.trace`. The profiler writes an XSpace protobuf
 (`plugins/profile/<run>/<host>.xplane.pb`, read with `jax.profiler.ProfileData`); on the CPU backend
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from flint.compile.capture import WHOLE_LOOPS
 from flint.errors import FlintError
-from flint.parse import TensorType
-from flint.partition import WHOLE_LOOPS
+from flint.ir.parse import TensorType
 from flint.sharding import rules_in_effect
 
 _GLOBAL_DEVICES = re.compile(r"global_devices=\[(?P<ids>[0-9, ]*)\]")

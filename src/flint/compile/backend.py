@@ -1,4 +1,4 @@
-"""Stage 2b: virtual devices for the mesh, from the CPU client or a TPU topology.
+"""Virtual devices for the mesh, from the CPU client or a TPU topology.
 
 Nothing is ever executed: XLA only has to partition the step for the devices. The CPU client of
 jaxlib pretends to have many devices and is always there, but compiles for at most 2,048 of them. A

@@ -1,4 +1,4 @@
-"""Stage 4: walk the partitioned StableHLO with jaxlib's MLIR bindings into typed, MLIR-free ops.
+"""Walk the partitioned StableHLO with jaxlib's MLIR bindings into typed, MLIR-free ops.
 
 Everything later (costing, graph building, emission) works on these plain dataclasses, so the MLIR
 context lives only here. Calls are inlined while walking: every call site gets its own copy of the
@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from flint.compile.capture import PartitionedModule
+from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
-from flint.partition import PartitionedModule
-from flint.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 
 CONTROL_FLOW = frozenset({"while", "case", "if", "async_start"})
 """Ops whose regions are program code, as opposed to reducer bodies applied per element."""
@@ -26,7 +26,7 @@ CONTROL_FLOW = frozenset({"while", "case", "if", "async_start"})
 _TABLE_LIMIT = 1 << 20
 """Integer constants up to this many elements keep their values (lookup tables indexed by rank)."""
 FOLDABLE = 4096
-"""Integer tensors of up to this many elements are folded (`flint.folding`); splat constants are
+"""Integer tensors of up to this many elements are folded (`flint.ir.folding`); splat constants are
 kept as arrays only up to this size."""
 
 FUSION = "fusion"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from rich.console import Group, RenderableType
 from rich.table import Table
 
-from flint.timeline import Timeline
-from flint.trace.summary import TraceSummary, spread
-from flint.validate import Validation
+from flint.analysis.summary import TraceSummary, spread
+from flint.analysis.timeline import Timeline
+from flint.analysis.validate import Validation
 
 
 def inspect_view(title: str, summaries: Sequence[TraceSummary]) -> RenderableType:

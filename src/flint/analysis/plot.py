@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
+from flint.analysis.timeline import Timeline
 from flint.errors import FlintError
-from flint.timeline import Timeline
 
 SEGMENTS = (
     ("compute", "#4c72b0"),

@@ -2,7 +2,7 @@
 
 Flint writes the step around the user's module: `functional_call` runs it with the parameters
 passed in (so they are step inputs, never constants), torch's autograd gives the gradients, and
-SGD or AdamW updates the parameters. `build_step` traces it with `flint.torch_bridge` and returns a
+SGD or AdamW updates the parameters. `build_step` traces it with `flint.frontend.torch_bridge` and returns a
 JAX function over the same argument trees, which the JAX pipeline partitions like its own steps.
 """
 
@@ -12,13 +12,11 @@ import inspect
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flint.errors import FlintError
-from flint.torch_bridge import to_exported, trace_to_stablehlo
-
-if TYPE_CHECKING:
-    from flint.torch_frontend import TorchModel
+from flint.frontend.torch_bridge import to_exported, trace_to_stablehlo
+from flint.frontend.torch_model import TorchModel
 
 
 def jax_dtype(dtype):

@@ -12,10 +12,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from flint.analysis.summary import collective_kind
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import RankTrace, attr_value
-from flint.trace.summary import collective_kind
 from flint.trace.timing import NodeTimer
 
 MAX_NODES = 500

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flint.collectives import Groups, resolve_groups
-from flint.folding import ARITHMETIC
-from flint.parse import Op, Region
-
+from flint.graph.collectives import Groups, resolve_groups
+from flint.ir.folding import ARITHMETIC
+from flint.ir.parse import Op, Region
 
 
 def _uses(region: Region) -> Counter[int]:

@@ -1,4 +1,4 @@
-"""Stage 3: let XLA partition the step for the mesh and capture the module right after it does.
+"""Let XLA partition the step for the mesh and capture the module right after it does.
 
 The module right after the SPMD partitioner is device-agnostic: per-rank shapes, explicit collectives,
 dtypes exactly as the model wrote them. Later CPU passes (float normalisation, fusion for the host) would
@@ -17,9 +17,9 @@ from types import MappingProxyType
 
 import numpy as np
 
+from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
 from flint.frontend import Workload
-from flint.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.sharding import rules_in_effect
 
 STAGES = ("partitioned", "optimized")

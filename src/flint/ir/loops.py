@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from flint.parse import FUSION, Op, Region
+from flint.ir.parse import FUSION, Op, Region
 
 _SWAPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "NE": "NE", "EQ": "EQ"}
 
@@ -68,7 +68,7 @@ def trip_count(loop: Op, constants: Mapping[int, int]) -> int | None:
     """Iterations of `loop` (a `while` op), or None when they are not static.
 
     `constants` maps value ids to the integers they are known to hold where the loop starts (its
-    initial values; `flint.folding`). The bound is a constant, or a value the loop carries unchanged
+    initial values; `flint.ir.folding`). The bound is a constant, or a value the loop carries unchanged
     (an inner loop running `i` times for the counter `i` of an outer one).
     """
     cond, body = loop.regions

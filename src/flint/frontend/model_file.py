@@ -1,4 +1,4 @@
-"""Stage 1: load the user's model file into a step function and its abstract inputs.
+"""Load the user's model file into a step function and its abstract inputs.
 
 A model file is ordinary Python that imports JAX and defines::
 
@@ -12,7 +12,7 @@ are all the compiler needs, so a 70B-parameter step fits anywhere. An optional
 `logical_rules(mesh) -> {name: axes}` gives the model's own rules for its logical axis names.
 
 A model file that defines `model()` (an `nn.Module`) instead of `workload` is a PyTorch model; see
-`flint.torch_frontend` for that convention. It ends up as the same `Workload`.
+`flint.frontend.torch_model` for that convention. It ends up as the same `Workload`.
 """
 
 from __future__ import annotations
@@ -20,31 +20,18 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flint.errors import FlintError
+from flint.frontend.torch_bridge import TORCH_MODULES, missing_torch
+from flint.frontend.torch_model import is_torch_model
+from flint.frontend.torch_workload import load_torch_workload
+from flint.frontend.workload import Workload
 from flint.sharding import LogicalArray, axes_of
-from flint.torch_bridge import TORCH_MODULES, missing_torch
 
 ENTRY_POINT = "workload"
 RULES_ENTRY_POINT = "logical_rules"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the model file describes, ready to be lowered."""
-
-    name: str
-    path: Path
-    step: Callable[..., Any]
-    args: tuple[Any, ...]
-    rules: Mapping[str, tuple[str, ...]] | None = None
-    tensor_parallel: Mapping[str, int | None] | None = None
-    """Input path -> the dimension the model's own plan splits over the tensor axis (None: kept
-    whole), for inputs whose tensor parallelism shape alone cannot decide (PyTorch `tp_plan`)."""
 
 
 def _where(exc: BaseException, path: Path) -> str:
@@ -113,8 +100,6 @@ def load_workload(path: Path, mesh) -> Workload:
     """Run the model file and call its `workload(mesh)`."""
     path = Path(path).resolve()
     module = _import(path)
-    from flint.torch_frontend import is_torch_model, load_torch_workload
-
     if is_torch_model(module):
         return load_torch_workload(module, path, mesh, _where)
     entry = getattr(module, ENTRY_POINT, None)

@@ -26,11 +26,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from flint.costs import NO_COST
+from flint.analysis.execution import ExecutedOp, Execution, Instruction
 from flint.devices import Device
 from flint.errors import FlintError
-from flint.execution import ExecutedOp, Execution, Instruction
-from flint.layout import LayoutRequest, recorded as recorded_layout
+from flint.ir.costs import NO_COST
+from flint.layout import LayoutRequest
+from flint.layout import recorded as recorded_layout
 from flint.mesh import MeshSpec
 from flint.schema import et_def_pb2 as pb
 from flint.trace.node_rules import ALL_RANKS
@@ -148,8 +149,8 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     The extraction always runs, even with `traces` given: its workload is what gets executed, so
     the step runs exactly as Flint loaded and laid it out.
     """
-    from flint.backend import make_virtual_mesh
-    from flint.execution import run_profiled
+    from flint.analysis.execution import run_profiled
+    from flint.compile.backend import make_virtual_mesh
     from flint.pipeline import ExtractRequest, extract
 
     layout = LayoutRequest()

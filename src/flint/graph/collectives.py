@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flint.parse import Op
+from flint.ir.parse import Op
 
 Groups = tuple[tuple[int, ...], ...]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flint.parse import FUSION, Op
+from flint.ir.parse import FUSION, Op
 
 COMPUTE, MEMORY, COLLECTIVE, FREE = "compute", "memory", "collective", "free"
 
@@ -96,7 +96,7 @@ def _flops(op: Op) -> int | None:
 
 
 def cost_of(op: Op) -> Cost:
-    """Classify `op` and cost it; collectives get their bytes from `flint.collectives`."""
+    """Classify `op` and cost it; collectives get their bytes from `flint.graph.collectives`."""
     if op.opcode in NO_COST:
         return Cost(FREE)
     if op.opcode in COLLECTIVES:

@@ -1,4 +1,4 @@
-"""Stage 5: the workload graph of one step, as a networkx DiGraph.
+"""The workload graph of one step, as a networkx DiGraph.
 
 Nodes are the ops that cost something: `compute` (FLOPs and bytes), `memory` (pure data movement,
 bytes) and `collective` (kind, bytes, rank groups; `collective_permute` carries its source-target
@@ -7,16 +7,16 @@ directly on whatever produced their inputs, so dependencies stay exact. Node key
 integers in program order, which is a topological order.
 
 Control flow is resolved while building, so the graph is straight-line code:
-- `while` loops are unrolled by their static trip count (`flint.loops`), or by `loop_trips` when the
+- `while` loops are unrolled by their static trip count (`flint.ir.loops`), or by `loop_trips` when the
   count is not static; iteration i+1 depends on iteration i through the carried values;
 - `case`/`if` run the branch their selector picks when it is known at that point of the unrolled
-  program (`flint.folding`: constants, loop counters and integer arithmetic on them), else the most
+  program (`flint.ir.folding`: constants, loop counters and integer arithmetic on them), else the most
   expensive branch (most FLOPs, then most bytes), the same on every rank; the loop condition and the
   branch selector are not emitted (they are scalar bookkeeping);
 - an `async_start`/`async_done` pair becomes the one collective it wraps, issued at the start; its
   users depend on it through the done;
 - an all-reduce whose only use is each rank's own piece of the sum becomes the reduce-scatter the
-  GPU and TPU compilers make of it (`flint.reduce_scatter`).
+  GPU and TPU compilers make of it (`flint.graph.reduce_scatter`).
 
 Edges are data dependencies. When the program is the compiler's schedule (the optimised module),
 edges marked `ctrl=True` add the schedule's order: each node follows the one scheduled before it,
@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from flint import collectives
-from flint.costs import COLLECTIVE, FREE, cost_of
 from flint.errors import FlintError
-from flint.folding import Value, fold
-from flint.loops import trip_count
-from flint.parse import CONTROL_FLOW, Op, Program, Region
-from flint.reduce_scatter import ReduceScatter, reduce_scatters
+from flint.graph.collectives import comm_bytes, describe
+from flint.graph.reduce_scatter import ReduceScatter, reduce_scatters
+from flint.ir.costs import COLLECTIVE, FREE, cost_of
+from flint.ir.folding import Value, fold
+from flint.ir.loops import trip_count
+from flint.ir.parse import CONTROL_FLOW, Op, Program, Region
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class _Builder:
             self.reads[node] = read
 
     def track_value(self, op: Op) -> None:
-        """Fold `op` if it is integer arithmetic on known values (`flint.folding`): loop bounds and
+        """Fold `op` if it is integer arithmetic on known values (`flint.ir.folding`): loop bounds and
         branch selectors are made of them."""
         value = fold(op, self.known)
         for result in op.results:
@@ -257,10 +257,10 @@ class _Builder:
             if not pairs:
                 self.passthrough(op)
                 return
-            comm = dict(collective=op.opcode, comm_bytes=collectives.comm_bytes(op), pairs=pairs)
+            comm = dict(collective=op.opcode, comm_bytes=comm_bytes(op), pairs=pairs)
             self.add(op, attributes | comm)
             return
-        info = collectives.describe(op, self.num_ranks)
+        info = describe(op, self.num_ranks)
         if info.group_size <= 1:
             self.passthrough(op)  # a collective over one rank moves nothing
             return

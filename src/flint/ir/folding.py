@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from flint.parse import FOLDABLE, FUSION, Op
+from flint.ir.parse import FOLDABLE, FUSION, Op
 
 Value = int | np.ndarray
 

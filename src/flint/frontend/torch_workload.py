@@ -1,0 +1,110 @@
+"""A PyTorch model file as the same `Workload` as a JAX one: its traced step, inputs and own layout.
+
+The model's own layout, used without `--strategy`/`--shard`: every batch input split along its
+first dimension over the data axes (every mesh axis but the tensor axis), and the modules of
+`tp_plan` split Megatron style over the tensor axis (the one named `tensor`, `tp` or `model`, else
+the last; a 1-D mesh is all data). Presets follow `tp_plan` for the weights it names, since square
+weights (q, k, v and output projections are all [D, D]) cannot be told apart by shape.
+
+Integer batch inputs cross into JAX as int32 (JAX's default width) and are cast back to the
+example's dtype before the model sees them; int64 outputs leave as int32.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.frontend.torch_bridge import require_torch
+from flint.frontend.torch_model import PLAN_STYLES, read_model
+from flint.frontend.torch_step import build_step, jax_dtype
+from flint.frontend.workload import Workload, input_path
+from flint.mesh import tensor_axis, ways
+
+# ------------------------------------------------------------------------------ tensor parallelism
+
+
+def plan_dims(net, plan: Mapping[str, str], path: Path) -> dict[str, int | None]:
+    """Parameter name -> the dimension the tensor axis splits (None: replicated), from `plan`.
+
+    As in `torch.distributed.tensor.parallel`: a column-wise `nn.Linear` splits its output features
+    (weight [out, in] dimension 0, and the bias), a row-wise one its input features (weight
+    dimension 1, bias whole); a column-wise `nn.Embedding` splits the embedding dimension, a
+    row-wise one the vocabulary. Module names match by `fnmatch` (`layers.*.fc1`).
+    """
+    import torch
+
+    dims: dict[str, int | None] = {}
+    modules = dict(net.named_modules())
+    for pattern, style in plan.items():
+        if style not in PLAN_STYLES:
+            raise FlintError(f"{path.name}: tp_plan[{pattern!r}] = {style!r}: use colwise or rowwise")
+        matched = [name for name in modules if name and fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise FlintError(f"{path.name}: tp_plan entry {pattern!r} matches no module of model()")
+        for name in matched:
+            layer = modules[name]
+            if isinstance(layer, torch.nn.Linear):
+                weight, bias = (0, 0) if style == "colwise" else (1, None)
+            elif isinstance(layer, torch.nn.Embedding):
+                weight, bias = (1 if style == "colwise" else 0), None
+            else:
+                raise FlintError(
+                    f"{path.name}: tp_plan entry {pattern!r} matches {name}, a "
+                    f"{type(layer).__name__}: only nn.Linear and nn.Embedding can be split"
+                )
+            dims[f"{name}.weight"] = weight
+            if getattr(layer, "bias", None) is not None:
+                dims[f"{name}.bias"] = bias
+    return dims
+
+
+def _mesh_roles(mesh) -> tuple[tuple[str, ...], str | None]:
+    """(data axes, tensor axis) of the model's own layout."""
+    names = tuple(mesh.axis_names)
+    if len(names) == 1:
+        return names, None
+    tensor = tensor_axis(names)
+    return tuple(n for n in names if n != tensor), tensor
+
+
+# ------------------------------------------------------------------------------ the workload
+
+
+def _tensor_parallel(names: list[str], dims: Mapping[str, int | None]) -> dict[str, int | None]:
+    """Input path -> planned tensor-parallel dimension, for parameters and their moments."""
+    prefixes = ["params"] + (["opt/m", "opt/v"] if "opt" in names else [])
+    return {f"{prefix}/{name}": dim for prefix in prefixes for name, dim in dims.items()}
+
+
+def load_torch_workload(module, path: Path, mesh, where):
+    """The `Workload` of a PyTorch model file: the traced step, its inputs and the model's layout."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+
+    require_torch(path.name)
+    spec = read_model(module, path, where)
+    step, names, trees = build_step(spec, path, where)
+    declared = _tensor_parallel(names, plan_dims(spec.module, spec.tp_plan, path))
+    data, tensor = _mesh_roles(mesh)
+    data_ways = ways(mesh, data)
+
+    def abstract(keypath, t):
+        shape = tuple(t.shape)
+        path = input_path(names, keypath)
+        entries = [None] * len(shape)
+        if path.startswith("batch/") and shape and shape[0] % data_ways == 0:
+            entries[0] = data
+        if tensor is not None and declared.get(path) is not None:
+            entries[declared[path]] = tensor
+        sharding = NamedSharding(mesh, P(*entries))
+        return jax.ShapeDtypeStruct(shape, jax_dtype(t.dtype), sharding=sharding)
+
+    args = jax.tree_util.tree_map_with_path(abstract, trees)
+    return Workload(
+        name=path.stem, path=path, step=step, args=tuple(args), tensor_parallel=declared
+    )
