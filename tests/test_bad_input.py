@@ -58,12 +58,13 @@ def test_mesh_larger_than_backend(tmp_path):
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (("--backend", "gpu"), ("--backend 'gpu'", "tpu:<topology>")),
+        (("--backend", "fpga"), ("--backend 'fpga'", "tpu:<topology>", "gpu:<h100")),
         (("--backend", "tpu"), ("--backend 'tpu'", "tpu:<topology>")),
         (("--slices", "2"), ("--slices", "--backend tpu:")),
-        (("--backend", "tpu:v5p:2x2x2", "--stage", "optimized"), ("--stage optimized", "cpu")),
+        (("--backend", "tpu:v5p:2x2x2", "--stage", "optimized"), ("--stage optimized", "CPU or GPU")),
+        (("--backend", "gpu:h900"), ("gpu:h900", "gpu:h100")),
     ],
-    ids=["unknown", "no-topology", "slices-on-cpu", "optimized-on-tpu"],
+    ids=["unknown", "no-topology", "slices-on-cpu", "optimized-on-tpu", "unknown-gpu"],
 )
 def test_bad_backend(tmp_path, flags, words):
     out = tmp_path / "out"

@@ -375,6 +375,7 @@ def test_broadcast_is_replayed_from_a_chain_duration():
     3 hops of 5 us plus 128 bytes at 400 GB/s = 15.0003 us, rounded up."""
     from flint.devices import BUILTIN
     from flint.emit.chakra import NodeMessages
+    from flint.emit.durations import RunningMicros
     from flint.emit.plan import COLLECTIVE, Planned
     from flint.schema import et_def_pb2 as pb
     from flint.trace.reader import attr_value
@@ -384,7 +385,8 @@ def test_broadcast_is_replayed_from_a_chain_duration():
         "  ROOT b = bf16[16,4] collective-broadcast(p), replica_groups={{0,1,2,3},{4,5,6,7}}, "
         "channel_id=1"
     )
-    message = NodeMessages(graph_of(entry), BUILTIN["h100"]).message(Planned(COLLECTIVE, 0, 0, ()))
+    messages = NodeMessages(graph_of(entry), BUILTIN["h100"])
+    message = messages.message(Planned(COLLECTIVE, 0, 0, ()), RunningMicros())
     assert attr_value(message, "comm_type") == pb.BROADCAST
     assert attr_value(message, "comm_size") == 128
     assert message.duration_micros == 16

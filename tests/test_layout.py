@@ -267,3 +267,52 @@ def test_logical_inputs_follow_the_rules(tmp_path):
         apply_layout(workload, mesh, LayoutRequest(rules=(parse_rule("mlp=model"),)))
     with pytest.raises(FlintError, match="unknown strategy 'zero'"):  # e.g. from a config file
         apply_layout(workload, mesh, LayoutRequest(strategy="zero"))
+
+
+def test_example_layout_file_takes_effect(traces):
+    """examples/layout.toml (README "Exploring layouts") on gpt.py, 4x2. The manifest records what
+    the file asks for: its strategy, its rules, and for every input the spec of the last [shard]
+    pattern matching its whole path, else the strategy's own. And the trace does it: the file
+    splits w_in and w_out (and their AdamW moments) over the data axis too, so each layer
+    all-gathers both [D/dp, f] bf16 shards over the data group in forward and again in backward,
+    and reduce-scatters their gradients there instead of all-reducing them (same comm_size: the
+    full TP-local gradient [D, f]); every other collective is DP+TP's (test_gpt)."""
+    import json
+    import re
+    import tomllib
+
+    config = tomllib.loads((EXAMPLES / "layout.toml").read_text())
+    out = traces("gpt", "4x2", "--config", str(EXAMPLES / "layout.toml"))
+    layout = json.loads((out / "manifest.json").read_text())["layout"]
+    preset = traces("gpt", "4x2", "--strategy", config["strategy"])
+    base = json.loads((preset / "manifest.json").read_text())["layout"]
+
+    assert layout["strategy"] == config["strategy"]
+    for name, axes in config["rules"].items():
+        assert layout["rules"][name] == [a for a in axes.split("+") if a != "None"], name
+    expected = {}
+    for path, spec in base["inputs"].items():
+        for pattern, text in config["shard"].items():
+            if re.fullmatch(pattern, path):
+                dims = [[] if a in ("", "None") else a.split("+") for a in text.split(",")]
+                spec = dims + [[]] * (len(spec) - len(dims))
+        expected[path] = spec
+    assert layout["inputs"] == expected
+    split = {path for path, spec in expected.items() if spec != base["inputs"][path]}
+    assert split == {f"{tree}/layers/{w}" for tree in ("params", "opt/m", "opt/v")
+                     for w in ("w_in", "w_out")}
+    assert expected["params/layers/w_in"] == [[], ["data"], ["tensor"]]
+    assert expected["params/layers/w_out"] == [[], ["tensor"], ["data"]]
+
+    m = Dims(4, 2)
+    gradient, shard = gpt.D_MODEL * m.f * BF16, m.dd * m.f * BF16
+    for rank in range(8):
+        data = m.data_group(rank)
+        want = [(RS, size, group) if (kind, size, group) == (AR, gradient, data) else (kind, size, group)
+                for kind, size, group in gpt_collectives(m, rank)]
+        want += [(AG, shard, data)] * (4 * gpt.LAYERS)
+        nodes, groups = read_rank(out, rank)
+        found = sorted((kind, size, group) for kind, size, group, _ in collectives(nodes, groups))
+        assert found == sorted(want), f"rank {rank}"
+        dots = [n for n in nodes if attr_value(n, "op") in ("dot", "dot_general")]
+        assert sum(attr_value(n, "num_ops") for n in dots) == matmul_flops(m), f"rank {rank}"

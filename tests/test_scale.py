@@ -18,6 +18,7 @@ from conftest import EXAMPLES, MODELS, extract, matmuls_and_collectives
 import flint
 from flint.devices import load_device
 from flint.emit import ChakraEmitter, GroupTable, check_emitted, rank_classes, write_ranks
+from flint.emit.durations import RunningMicros
 from flint.graph import WorkloadGraph
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
@@ -42,13 +43,14 @@ def serialized_rank_by_rank(graph: WorkloadGraph, groups_file: Path, metadata: d
     nodes = sorted(graph.graph.nodes(data=True))
     permutes = [n for n, data in nodes if data.get("collective") == "collective_permute"]
     stands_for: dict[int, list[int]] = {}
+    durations = RunningMicros()
     for node, data in nodes:
         deps = sorted({d for p in graph.graph.predecessors(node) for d in stands_for.get(p, [p])})
         message = pb.Node(id=node, name=data["name"], data_deps=deps)
         message.attr.extend([_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"])])
         if data["kind"] != "collective":
             message.type = pb.COMP_NODE
-            message.duration_micros = H100.duration_micros(data["flops"], data["bytes"])
+            message.duration_micros = durations.next(H100.micros(data["flops"], data["bytes"]))
             message.attr.extend([
                 _attr("num_ops", int64_val=max(1, data["flops"])),
                 _attr("tensor_size", uint64_val=max(1, data["bytes"])),

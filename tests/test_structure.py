@@ -26,9 +26,11 @@ LAYERS = [
     {"graph"},
     {"pipelining"},
     {"emit"},
+    {"isolation"},
     {"pipeline"},
     {"analysis"},
     {"cli"},
+    {"launch"},
     {"__main__"},
 ]
 """Top-level units of `flint`, lowest first: the foundation, the trace format, the stages in

@@ -190,10 +190,12 @@ def test_inference_step_with_biases_and_a_buffer(tmp_path):
 
 
 def test_weights_are_never_allocated(tmp_path):
-    """tests/models/torch_huge.py holds 17 GB of f32 weights; its extraction stays far below."""
+    """tests/models/torch_huge.py holds 17 GB of f32 weights; its extraction stays far below.
+
+    The extraction runs in a child process (`flint.isolation`), reaped before `main()` returns."""
     code = (
         "import resource, sys\nfrom flint.cli import main\ntry:\n    main()\nfinally:\n"
-        "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+        "    print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, "extract", str(MODELS / "torch_huge.py"), "--mesh", "2",

@@ -7,14 +7,17 @@ stages before it and from the foundation below them all (`tests/test_structure.p
     trace        the Chakra format: framing, reader, contract, node timing
     frontend     1  model file -> Workload
     layout       2  shardings from the model, --strategy, --config, --rule, --shard
-    compile      3  XLA partitions the step for a virtual mesh; the module is captured
+    compile      3  XLA (CPU, GPU or TPU compiler) compiles the step for a virtual mesh; the module
+                    and the memory it needs are captured
     ir           4  typed ops through the MLIR bindings; cost, loop and folding rules
     graph        5  networkx workload graph: loops unrolled, calls inlined
     pipelining   6  (optional) copies of one stage's graph laid out by a schedule
     emit         7  .et per rank, communicator groups, manifest
+    isolation    a child process that Ctrl-C stops at once, leaving nothing behind
     pipeline     `extract()`: the stages in order, each artifact kept
     analysis     tools that read traces back: inspect, graph, timeline, validate
     cli          wiring only
+    launch       the `flint` entry point: an interrupt while importing ends quietly
 """
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
-"""`python -m flint` is the `flint` command."""
+"""`python -m flint`: the `flint` command."""
 
-from flint.cli import main
+from flint.launch import main
 
 main()

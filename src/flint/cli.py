@@ -17,6 +17,7 @@ from flint import __version__
 from flint.analysis.dot import MAX_NODES
 from flint.compile.capture import STAGES
 from flint.devices import BUILTIN, load_device
+from flint.emit.durations import DURATIONS
 from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
@@ -43,15 +44,26 @@ class FlintGroup(click.Group):
 @click.version_option(__version__, prog_name="flint")
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
 def main(debug: bool) -> None:
-    """Flint turns a JAX training or inference step into MLCommons Chakra execution traces.
+    """Flint turns a JAX or PyTorch training or inference step into MLCommons Chakra traces.
 
     The step is partitioned by the XLA compiler for a virtual device mesh of any size, so FLOPs,
     bytes and collectives are exactly what the compiler produced. The traces feed ASTRA-sim.
+
+    A model file is Python: for JAX it defines workload(mesh) (examples/mlp.py); for PyTorch it
+    defines model(), an nn.Module, and example_inputs(), the batch (examples/torch_mlp.py; needs
+    flint-traces[torch]).
 
     \b
     Quick start:
       flint extract examples/mlp.py --mesh 8x8 -o traces/
       flint inspect traces/
+
+    \b
+    Exit codes:
+      0    success
+      1    a check found problems (flint check, flint validate)
+      2    bad input or usage: one line on stderr says what was wrong and what to do
+      130  interrupted (Ctrl-C): nothing is left behind
     """
 
 
@@ -109,6 +121,12 @@ def _format_summary(summary: dict) -> None:
         stdout.print(f"  {kind:<21} {coll['count']} per rank, {coll['bytes']:,} bytes")
     if not totals["collectives"]:
         stdout.print("  no collectives")
+    if summary["memory_per_rank"]:
+        memory = summary["memory_per_rank"]
+        stdout.print(
+            f"  memory per rank       {memory['peak']:,} bytes (arguments {memory['arguments']:,}, "
+            f"temporaries {memory['temporaries']:,})"
+        )
     if "pipeline" in summary:
         p = summary["pipeline"]
         stdout.print(
@@ -127,10 +145,15 @@ def _format_summary(summary: dict) -> None:
 @click.option("--name", help="File name prefix of the trace files [default: the model file's stem].")
 @click.option("--device", "device_spec", default="h100", show_default=True, metavar="DEVICE",
               help=f"Roofline for duration_micros: {', '.join(BUILTIN)}, or a JSON spec file.")
-@click.option("--stage", type=click.Choice(STAGES), default="partitioned", show_default=True,
-              help="Module to trace: right after SPMD partitioning, or fully optimised.")
+@click.option("--stage", type=click.Choice(STAGES),
+              help="Module to trace: right after SPMD partitioning, or fully optimised (the GPU "
+                   "compiler's kernels) [default: optimized on gpu backends, else partitioned].")
+@click.option("--durations", type=click.Choice(DURATIONS), default="roofline", show_default=True,
+              help="Kernel times for duration_micros: the --device roofline, or xla: the GPU "
+                   "compiler's own estimates (its latency-hiding scheduler), with --backend gpu.")
 @click.option("--backend", "backend_spec", default="cpu", show_default=True, metavar="BACKEND",
-              help="Virtual devices: cpu (up to 2,048), or tpu:TOPOLOGY such as tpu:v5p:16x16x32 "
+              help="Virtual devices: cpu (up to 2,048), gpu:h100|h200|a100|b200|FILE (any count, "
+                   "needs flint-traces[gpu]), or tpu:TOPOLOGY such as tpu:v5p:16x16x32 "
                    "(needs flint-traces[tpu]).")
 @click.option("--slices", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Pod slices of the TPU topology (multi-slice); the mesh has all their devices.")
@@ -159,13 +182,17 @@ def _format_summary(summary: dict) -> None:
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--strict", is_flag=True, help="Fail on ops that have no cost rule instead of warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no progress bars).")
-def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, slices, dump_ir,
+def extract(model, mesh_spec, output, name, device_spec, stage, durations, backend_spec, slices, dump_ir,
             loop_trips, strategy, rules, shards, config, explain, stages, microbatches,
             pipeline_schedule, virtual_stages, force, strict, as_json):
-    """Extract Chakra traces of the step defined in MODEL.
+    """Extract traces from a model file.
 
-    MODEL is a Python file defining `workload(mesh)`, which returns `(step, args)`: the step function
-    and its arguments as jax.ShapeDtypeStructs with NamedShardings over `mesh` (see examples/mlp.py).
+    MODEL is a Python file. A JAX model defines `workload(mesh)`, which returns `(step, args)`: the
+    step function and its arguments as jax.ShapeDtypeStructs with NamedShardings over `mesh` (see
+    examples/mlp.py). A PyTorch model defines `model()`, an nn.Module, and `example_inputs()`, the
+    batch as a dict of tensors, both built without allocating weights; with `loss_fn(model, batch)` the
+    training step is extracted, else the forward (see examples/torch_mlp.py; needs
+    flint-traces[torch]).
 
     The layout can be changed without editing MODEL. Precedence: the model's own shardings <
     --strategy < --config < --rule/--shard. Inputs are named by path (step argument, then keys):
@@ -187,24 +214,26 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
     --comm-group-configuration), NAME.graph.json (one rank's workload graph) and manifest.json.
     """
     from flint.compile.backend import parse_backend
-    from flint.emit import prepare_output
+    from flint.emit import check_name, prepare_output
+    from flint.isolation import Interrupted
     from flint.layout import LayoutRequest, merge, parse_rule, parse_shard, read_config
-    from flint.pipeline import ExtractRequest, pipeline_summary
-    from flint.pipeline import extract as run_extract
+    from flint.pipeline import ExtractRequest, extract_isolated
 
     started = time.perf_counter()
     pipeline = _pipeline_request(stages, microbatches, pipeline_schedule, virtual_stages)
+    backend = parse_backend(backend_spec, slices)
     request = ExtractRequest(
         model=model,
         mesh=parse_mesh(mesh_spec),
         output=prepare_output(output, force),
         device=load_device(device_spec),
-        name=name,
-        stage=stage,
+        name=check_name(name),
+        stage=stage or backend.default_stage,
         dump_ir=dump_ir,
         strict=strict,
         loop_trips=loop_trips,
-        backend=parse_backend(backend_spec, slices),
+        backend=backend,
+        durations=durations,
         layout=merge(
             read_config(config) if config else None,
             LayoutRequest(
@@ -216,29 +245,43 @@ def extract(model, mesh_spec, output, name, device_spec, stage, backend_spec, sl
         pipeline=pipeline,
         command=shlex.join(["flint", *sys.argv[1:]]),
     )
-    with _progress(as_json) as bars:
-        task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
+    bars = _progress(as_json)
+    task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
 
-        def on_progress(stage_name: str, done: int, total: int) -> None:
-            bars.update(task, completed=done, total=total, visible=True)
+    def on_progress(stage_name: str, done: int, total: int) -> None:
+        bars.start()  # only now: forking while its refresh thread ran could fork a lock it held
+        bars.update(task, completed=done, total=total, visible=True)
 
-        result = run_extract(request, on_progress, _explain if explain else _warn_unmatched)
-    for op in result.graph.unknown_ops:
+    try:
+        result = extract_isolated(request, on_progress, _explain if explain else _warn_unmatched)
+    except Interrupted as interrupt:
+        stderr.print("[bold red]interrupted:[/] nothing was written")
+        sys.exit(128 + interrupt.signum)
+    finally:
+        bars.stop()
+    for op in result.unknown_ops:
         stderr.print(f"[yellow]warning:[/] no cost rule for {op}: emitted with bytes only (--strict fails)")
-    if result.graph.costliest_branches:
-        stderr.print(f"[yellow]note:[/] {_branches(result.graph.costliest_branches)}")
+    if result.costliest_branches:
+        stderr.print(f"[yellow]note:[/] {_branches(result.costliest_branches)}")
+    memory = result.memory
+    if memory and memory["device"] and memory["peak"] > memory["device"]:
+        stderr.print(
+            f"[yellow]warning:[/] each rank needs {memory['peak'] / 2**30:.1f} GiB of device memory but "
+            f"{request.backend} has {memory['device'] / 2**30:.1f} GiB: the layout does not fit"
+        )
     summary = {
-        "name": request.name or result.workload.name,
+        "name": result.name,
         "ranks": request.mesh.size,
         "mesh": str(request.mesh),
         "output": str(request.output),
-        "files": len(result.files),
+        "files": result.files,
         "per_rank": result.totals[0][1].as_json(),
         "ranks_alike": len(result.totals) == 1,
+        "memory_per_rank": memory,
         "seconds": round(time.perf_counter() - started, 3),
     }
-    if pipeline:
-        summary["pipeline"] = pipeline_summary(pipeline, result.regions)
+    if result.pipeline:
+        summary["pipeline"] = result.pipeline
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
@@ -261,14 +304,40 @@ def _pipeline_request(stages, microbatches, schedule, virtual_stages):
 
 
 def _trace_files(path: Path, prefix: str | None, rank: int | None = None):
+    """The trace files at `path` with their groups and rank count, or one line saying why not."""
     from flint.trace.reader import locate_traces
 
+    return _located(path, lambda: locate_traces(path, prefix, rank))
+
+
+def _trace_set(directory: Path, prefix: str | None) -> None:
+    """One line unless `directory` holds a trace set, whose files and groups are left to judge."""
+    from flint.trace.reader import find_traces
+
+    _located(directory, lambda: find_traces(directory, prefix))
+
+
+def _located(path: Path, lookup):
+    """What `lookup` of the trace files at `path` refuses (none there, several prefixes, an
+    unreadable group file), as one line."""
     if not path.exists():
         raise FlintError(f"{str(path)!r} does not exist: give a trace directory or one .et file")
     try:
-        return locate_traces(path, prefix, rank)
+        return lookup()
     except (FileNotFoundError, ValueError) as exc:
         raise FlintError(f"{exc}: give a directory that holds <prefix>.<rank>.et files") from None
+
+
+def _read_trace(path: Path):
+    """One rank file, decoded; one that does not decode is bad input, not a bug: one line."""
+    from flint.trace.errors import TraceFormatError
+    from flint.trace.reader import read_trace
+
+    try:
+        return read_trace(path)
+    except TraceFormatError as exc:
+        message = f"not a readable Chakra trace: {exc}: `flint check` lists all its problems"
+        raise FlintError(message) from None
 
 
 def _timing_options(command):
@@ -301,42 +370,52 @@ def _timer(device_spec: str, link_gbps: float, link_latency_us: float, groups, n
 @click.option("--json", "as_json", is_flag=True, help="Print the per-rank summaries as JSON.")
 @_timing_options
 def inspect(path, rank, prefix, as_json, device_spec, link_gbps, link_latency_us):
-    """Summarise a Chakra trace: nodes by type, FLOPs, bytes, collectives by kind and group size,
-    send/recv peers, the heaviest nodes, and the spread across ranks.
+    """Summarise a trace, rank by rank.
+
+    Nodes by type, FLOPs, bytes, collectives by kind and group size, send/recv peers, the heaviest
+    nodes, and the spread across ranks.
 
     PATH is a trace directory or a single .et file; any trace following the Chakra schema works.
     Details are shown for the first rank listed (--rank picks one).
     """
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
-    from flint.trace.errors import TraceFormatError
-    from flint.trace.reader import read_trace
 
     files = _trace_files(path, prefix, rank)
     timer = _timer(device_spec, link_gbps, link_latency_us, files.groups, files.num_ranks)
-    try:
-        summaries = [summarize(read_trace(f), timer) for f in files.paths]
-    except TraceFormatError as exc:
-        raise FlintError(f"not a readable Chakra trace: {exc}") from None
+    summaries = [summarize(_read_trace(f), timer) for f in files.paths]
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return
-    stdout.print(inspect_view(f"{path} ({len(summaries)} ranks)", summaries))
+    stdout.print(inspect_view(str(path), summaries))
 
 
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
-def check(directory, prefix):
-    """Check a trace directory against every rule ASTRA-sim depends on (exit 1 on violations)."""
+@click.option("--ranks", "num_ranks", type=click.IntRange(min=1), metavar="N",
+              help="Ranks ASTRA-sim will run [default: what manifest.json records, else the "
+                   "highest rank file + 1].")
+def check(directory, prefix, num_ranks):
+    """Check traces against the contract.
+
+    Every rule ASTRA-sim depends on, on every rank of DIRECTORY: one line per violation, and exit
+    code 1 if there is any.
+    """
     from flint.trace.contract import check_traces
 
-    _trace_files(directory, prefix)
-    violations = check_traces(directory, prefix)
+    _trace_set(directory, prefix)
+    with _progress(False) as bars:
+        task = bars.add_task("checking rank traces", total=None)
+        violations = check_traces(
+            directory, prefix, num_ranks,
+            lambda done, total: bars.update(task, completed=done, total=total),
+        )
     for violation in violations:
         click.echo(str(violation))
     if violations:
-        stderr.print(f"[bold red]{len(violations)} contract violations[/]")
+        plural = "s" if len(violations) > 1 else ""
+        stderr.print(f"[bold red]{len(violations)} contract violation{plural}[/]")
         sys.exit(1)
     stdout.print(f"{directory}: every rank follows the trace contract")
 
@@ -351,16 +430,17 @@ def check(directory, prefix):
 @click.option("--json", "as_json", is_flag=True, help="Print each rank's times as JSON.")
 @_timing_options
 def timeline(directory, output, plot, prefix, as_json, device_spec, link_gbps, link_latency_us):
-    """Schedule one step of a trace and write it as a timeline, before spending hours in ASTRA-sim.
+    """Schedule one step as a timeline.
 
-    Each rank's graph is list-scheduled: one compute stream with roofline times, collectives with
-    alpha-beta ring times starting when their whole group reaches them, a RECV no earlier than its
-    SEND. Refuses a trace that breaks the contract (see `flint check`).
+    Writes Chrome trace-event JSON (open it in ui.perfetto.dev), before spending hours in
+    ASTRA-sim. Each rank's graph is list-scheduled: one compute stream with roofline times,
+    collectives with alpha-beta ring times starting when their whole group reaches them, a RECV no
+    earlier than its SEND. Refuses a trace that breaks the contract (see `flint check`).
     """
     from flint.analysis.timeline import load_timeline, to_trace_events
     from flint.analysis.views import timeline_view
 
-    _trace_files(directory, prefix)
+    _trace_set(directory, prefix)
     scheduled = load_timeline(
         directory, prefix,
         lambda groups, num_ranks: _timer(device_spec, link_gbps, link_latency_us, groups, num_ranks),
@@ -392,11 +472,12 @@ def timeline(directory, output, plot, prefix, as_json, device_spec, link_gbps, l
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict, counts and times as JSON.")
 @_timing_options
 def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_latency_us):
-    """Run the step for real on the virtual devices and check the extracted graph against it.
+    """Run the step and check its trace.
 
-    The step runs once with random inputs under JAX's profiler. Every executed collective must
-    match one trace node by kind, group and bytes (exit 1 otherwise, listing each disagreement);
-    compute ops are matched by count, and measured times are set beside predicted ones per kind.
+    MODEL is a model file as for extract (JAX or PyTorch). The step runs once on the virtual
+    devices with random inputs under JAX's profiler. Every executed collective must match one trace
+    node by kind, group and bytes (exit 1 otherwise, listing each disagreement); compute ops are
+    matched by count, and measured times are set beside predicted ones per kind.
     """
     from flint.analysis.validate import ValidateRequest
     from flint.analysis.validate import validate as run_validate
@@ -453,12 +534,13 @@ def _branches(count: int) -> str:
 @click.option("--prefix", help="Trace name prefix, when a directory holds several traces.")
 @_timing_options
 def graph(path, rank, output, max_nodes, prefix, device_spec, link_gbps, link_latency_us):
-    """Draw one rank's dependency graph (small traces): nodes with cost and time, data deps solid,
-    ctrl deps dashed."""
+    """Draw one rank's dependency graph.
+
+    For small traces: nodes with cost and time, data deps solid, ctrl deps dashed.
+    """
     from flint.analysis.dot import write_graph
-    from flint.trace.reader import read_trace
 
     files = _trace_files(path, prefix, None if path.is_file() else rank)
     timer = _timer(device_spec, link_gbps, link_latency_us, files.groups, files.num_ranks)
-    write_graph(read_trace(files.paths[0]), timer, output, max_nodes)
+    write_graph(_read_trace(files.paths[0]), timer, output, max_nodes)
     stdout.print(f"wrote {output}")

@@ -23,10 +23,10 @@ class Device:
     peak_tflops: float
     mem_bw_gbps: float
 
-    def duration_micros(self, flops: int, nbytes: int) -> int:
-        """Whole microseconds, rounded up and at least 1 so no node is free in a replay."""
-        seconds = max(flops / (self.peak_tflops * 1e12), nbytes / (self.mem_bw_gbps * 1e9))
-        return max(1, math.ceil(seconds * 1e6))
+    def micros(self, flops: int, nbytes: int) -> float:
+        """The roofline time in microseconds, unrounded: `flint timeline` schedules with it, and
+        the emitted whole microseconds add up to it (`flint.emit.durations`)."""
+        return max(flops / (self.peak_tflops * 1e12), nbytes / (self.mem_bw_gbps * 1e9)) * 1e6
 
 
 BUILTIN = {
@@ -54,10 +54,16 @@ def load_device(spec: str) -> Device:
         )
     try:
         data = json.loads(path.read_text())
-        device = Device(str(data["name"]), float(data["peak_tflops"]), float(data["mem_bw_gbps"]))
+        if not isinstance(data, dict):
+            raise TypeError(f"the JSON is a {type(data).__name__}, not an object")
+        device = Device(str(data["name"]), _rate(data, "peak_tflops"), _rate(data, "mem_bw_gbps"))
     except FileNotFoundError:
         raise FlintError(f"device spec file {spec!r} not found") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:  # a directory, or a file this user may not read
+        raise FlintError(
+            f"cannot read device spec {spec!r}: {exc.strerror}: give a readable JSON file"
+        ) from None
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
         raise FlintError(
             f"device spec {spec!r} is not valid: it needs JSON with name, peak_tflops and mem_bw_gbps "
             f"({type(exc).__name__}: {exc})"
@@ -65,3 +71,14 @@ def load_device(spec: str) -> Device:
     if device.peak_tflops <= 0 or device.mem_bw_gbps <= 0:
         raise FlintError(f"device spec {spec!r}: peak_tflops and mem_bw_gbps must be positive")
     return device
+
+
+def _rate(data: dict, key: str) -> float:
+    """`data[key]` as a finite number. Python's JSON reads NaN and Infinity, which pass a check for
+    being positive (NaN) or reach the manifest, which JSON cannot hold (Infinity)."""
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} is {value!r}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{key} is {value!r}, not a finite number")
+    return float(value)

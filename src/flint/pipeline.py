@@ -11,7 +11,8 @@
 With `--pipeline-stages` the step is compiled for one microbatch of one chunk of layers on the mesh
 without the stage axis, and `flint.pipelining` lays copies of its graph out over the stages.
 
-`extract()` runs them in order and times each, which is what the CLI and `bench/extract.py` use.
+`extract()` runs them in order and times each, which is what `bench/extract.py` uses; the CLI runs
+it through `extract_isolated()`, in a child process that Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from flint.emit import (
     RankClasses,
     RankTotals,
     check_emitted,
+    disk_errors,
     rank_classes,
     rank_totals,
     write_ranks,
@@ -44,6 +46,7 @@ from flint.errors import FlintError
 from flint.frontend import Workload, load_workload
 from flint.graph import WorkloadGraph, build_graph
 from flint.ir.parse import Program, parse_module
+from flint.isolation import Isolation, Send
 from flint.layout import Layout, LayoutRequest, apply_layout
 from flint.mesh import MeshSpec
 from flint.pipelining import PipelineRequest, Regions, one_microbatch, pipeline_graph, stage_mesh
@@ -67,6 +70,8 @@ class ExtractRequest:
     loop_trips: int | None = None
     layout: LayoutRequest = LayoutRequest()
     backend: Backend = CPU
+    durations: str = "roofline"
+    """`roofline` (the device's), or `xla`: the GPU compiler's own estimate of each kernel."""
     pipeline: PipelineRequest | None = None
     command: str = ""
 
@@ -105,6 +110,7 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
         "backend": str(request.backend),
         "slices": request.backend.slices,
         "stage": request.stage,
+        "durations": request.durations,
         "layout": {
             "strategy": request.layout.strategy,
             "rules": {name: list(axes) for name, axes in sorted(extraction.layout.rules.items())},
@@ -127,6 +133,7 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
         "rank_totals": [
             {"ranks": rank_ranges, **totals.as_json()} for rank_ranges, totals in extraction.totals
         ],
+        "memory_per_rank": memory_json(request, extraction.module),
         "command": request.command,
     } | ({"pipeline": pipeline_summary(request.pipeline, extraction.regions)} if request.pipeline else {})
 
@@ -155,11 +162,20 @@ def _graph_json(graph: WorkloadGraph, groups: GroupTable) -> str:
     return json.dumps(data, sort_keys=True, default=list) + "\n"
 
 
+def memory_json(request: ExtractRequest, module: PartitionedModule) -> dict | None:
+    """Device memory per rank as the compiled executable needs it, beside the device's own where the
+    backend knows it (GPUs), so a layout that does not fit says so."""
+    if module.memory is None:
+        return None
+    return module.memory.as_json() | {"device": request.backend.device_memory}
+
+
 def write_trace(
-    request: ExtractRequest, extraction: Extraction, progress: Progress | None
+    request: ExtractRequest, extraction: Extraction, progress: Progress | None, out: OutputDir
 ) -> dict[str, float]:
-    """Write every file into a staging directory and move it into place only when all succeeded;
-    the seconds spent writing (`emit`) and checking the result against the contract (`check`)."""
+    """Write every file into the staging directory `out` (its owner moves it into place when all
+    succeeded); the seconds spent writing (`emit`) and checking the result against the contract
+    (`check`)."""
     started = time.perf_counter()
     prefix = request.name or extraction.workload.name
     emitter = ChakraEmitter(
@@ -168,28 +184,28 @@ def write_trace(
         extraction.groups,
         extraction.classes,
         metadata={"producer": f"flint {flint.__version__}", "mesh": str(request.mesh)},
+        estimates=extraction.module.estimates if request.durations == "xla" else None,
     )
     ranks = request.mesh.size
-    with OutputDir(request.output) as out:
-        out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
-        extraction.bytes_written = write_ranks(
-            emitter,
-            out.staging,
-            prefix,
-            (lambda done: progress("emit", done, ranks)) if progress else None,
+    out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
+    extraction.bytes_written = write_ranks(
+        emitter,
+        out.staging,
+        prefix,
+        (lambda done: progress("emit", done, ranks)) if progress else None,
+    )
+    out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph, extraction.groups))
+    out.write_text(
+        "manifest.json", json.dumps(manifest(request, extraction, prefix), indent=2) + "\n"
+    )
+    written = time.perf_counter()
+    violations = check_emitted(out.staging, prefix, emitter)
+    if violations:
+        raise AssertionError(
+            "the trace breaks the Chakra contract (a bug in Flint):\n"
+            + "\n".join(str(v) for v in violations[:20])
         )
-        out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph, extraction.groups))
-        out.write_text(
-            "manifest.json", json.dumps(manifest(request, extraction, prefix), indent=2) + "\n"
-        )
-        written = time.perf_counter()
-        violations = check_emitted(out.staging, prefix, emitter)
-        if violations:
-            raise AssertionError(
-                "the trace breaks the Chakra contract (a bug in Flint):\n"
-                + "\n".join(str(v) for v in violations[:20])
-            )
-        extraction.files = sorted(os.listdir(out.staging))
+    extraction.files = sorted(os.listdir(out.staging))
     return {"emit": written - started, "check": time.perf_counter() - written}
 
 
@@ -197,9 +213,26 @@ def extract(
     request: ExtractRequest,
     progress: Progress | None = None,
     on_layout: Callable[[Layout], None] | None = None,
+    out: OutputDir | None = None,
 ) -> Extraction:
     """Run every stage for `request` and write its trace directory; `on_layout` sees the layout
-    before compilation starts (what `--explain` prints)."""
+    before compilation starts (what `--explain` prints).
+
+    The files go into `out`, which the caller then commits or discards (`extract_isolated` does,
+    in the parent process), or else into an `OutputDir` that replaces the output when all succeeded.
+    """
+    if out is not None:
+        return _stages(request, out, progress, on_layout)
+    with OutputDir(request.output) as fresh:
+        return _stages(request, fresh, progress, on_layout)
+
+
+def _stages(
+    request: ExtractRequest,
+    out: OutputDir,
+    progress: Progress | None,
+    on_layout: Callable[[Layout], None] | None,
+) -> Extraction:
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -209,10 +242,15 @@ def extract(
         seconds[stage] = now - clock
         clock = now
 
-    if request.stage != "partitioned" and request.backend != CPU:
+    if request.stage != "partitioned" and request.backend.topology is not None:
         raise FlintError(
-            f"--stage {request.stage} reads the CPU compiler's module: use it with --backend cpu, "
-            f"or trace --backend {request.backend} at --stage partitioned"
+            f"--stage {request.stage} reads the CPU or GPU compiler's module: trace --backend "
+            f"{request.backend} at --stage partitioned"
+        )
+    if request.durations == "xla" and (request.backend.gpu is None or request.stage != "optimized"):
+        raise FlintError(
+            "--durations xla takes the GPU compiler's own estimates: use it with --backend gpu:<gpu> "
+            "at --stage optimized"
         )
     compiled_mesh = request.mesh
     if request.pipeline:
@@ -263,6 +301,60 @@ def extract(
         regions=regions,
     )
     lap("graph")
-    seconds.update(write_trace(request, extraction, progress))
+    with disk_errors(request.output):
+        seconds.update(write_trace(request, extraction, progress, out))
     extraction.seconds = seconds
     return extraction
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the command line prints of an extraction: small and picklable, so that it comes back
+    intact from the process that ran it."""
+
+    name: str
+    files: int
+    totals: list[tuple[list[list[int]], RankTotals]]
+    unknown_ops: tuple[str, ...]
+    costliest_branches: int
+    pipeline: dict | None
+    memory: dict | None
+
+
+def report(request: ExtractRequest, extraction: Extraction) -> Report:
+    pipeline = request.pipeline
+    return Report(
+        name=request.name or extraction.workload.name,
+        files=len(extraction.files),
+        totals=extraction.totals,
+        unknown_ops=tuple(extraction.graph.unknown_ops),
+        costliest_branches=extraction.graph.costliest_branches,
+        pipeline=pipeline_summary(pipeline, extraction.regions) if pipeline else None,
+        memory=memory_json(request, extraction.module),
+    )
+
+
+def extract_isolated(
+    request: ExtractRequest,
+    progress: Progress | None = None,
+    on_layout: Callable[[Layout], None] | None = None,
+) -> Report:
+    """`extract()` in a child process that SIGINT or SIGTERM stops at once, with nothing left
+    behind (`flint.isolation`): they raise `Interrupted` here, the output as it was.
+
+    This process holds the output's lock and staging directory and commits it only once the child
+    succeeded, so an interrupt can never cut a commit short. What the child reports (progress,
+    the layout) reaches the callbacks here.
+    """
+
+    def on_event(kind: str, *args) -> None:
+        {"progress": progress, "layout": on_layout}[kind](*args)
+
+    with Isolation() as isolation, OutputDir(request.output) as out:
+
+        def work(send: Send) -> Report:
+            relay_progress = (lambda *event: send("progress", *event)) if progress else None
+            relay_layout = (lambda layout: send("layout", layout)) if on_layout else None
+            return report(request, extract(request, relay_progress, relay_layout, out))
+
+        return isolation.run(work, on_event)

@@ -15,7 +15,7 @@ from pathlib import Path
 from flint.analysis.summary import collective_kind
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import RankTrace, attr_value
+from flint.trace.reader import RankTrace, attr_value, enum_name, integer_attr
 from flint.trace.timing import NodeTimer
 
 MAX_NODES = 500
@@ -83,8 +83,7 @@ def write_graph(trace: RankTrace, timer: NodeTimer, path: str | os.PathLike[str]
 def _kind(node: pb.Node) -> str:
     if node.type == pb.COMM_COLL_NODE:
         return f"{collective_kind(node)} group {attr_value(node, 'pg_name') or 'all'}"
-    name = pb.NodeType.Name(node.type) if node.type in pb.NodeType.values() else str(node.type)
-    name = name.removesuffix("_NODE")
+    name = enum_name(pb.NodeType, node.type).removesuffix("_NODE")
     if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
         peers = f"{attr_value(node, 'comm_src')} -> {attr_value(node, 'comm_dst')}"
         return f"{name} {peers} tag {attr_value(node, 'comm_tag')}"
@@ -94,10 +93,11 @@ def _kind(node: pb.Node) -> str:
 
 def _cost(node: pb.Node) -> str:
     if node.type == pb.COMP_NODE:
-        return f"{attr_value(node, 'num_ops') or 0:,} FLOPs, {attr_value(node, 'tensor_size') or 0:,} B"
+        flops, nbytes = integer_attr(node, "num_ops") or 0, integer_attr(node, "tensor_size") or 0
+        return f"{flops:,} FLOPs, {nbytes:,} B"
     if node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
-        return f"{attr_value(node, 'tensor_size') or 0:,} B"
-    return f"{attr_value(node, 'comm_size') or 0:,} B"
+        return f"{integer_attr(node, 'tensor_size') or 0:,} B"
+    return f"{integer_attr(node, 'comm_size') or 0:,} B"
 
 
 def _short(name: str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import RankTrace, attr_value
+from flint.trace.reader import RankTrace, enum_name, integer_attr
 from flint.trace.timing import NodeTimer
 
 HEAVIEST = 10
@@ -84,24 +84,27 @@ def summarize(trace: RankTrace, timer: NodeTimer) -> TraceSummary:
     peers: dict[bool, tuple[Counter[int], Counter[int]]] = {
         True: (Counter(), Counter()), False: (Counter(), Counter())
     }
+    transfers: Counter[bool] = Counter()
     flops = nbytes = 0
     for node in trace.nodes:
-        by_type[pb.NodeType.Name(node.type)] += 1
+        by_type[enum_name(pb.NodeType, node.type)] += 1
         if node.type == pb.COMP_NODE:
-            flops += attr_value(node, "num_ops") or 0
-            nbytes += attr_value(node, "tensor_size") or 0
+            flops += integer_attr(node, "num_ops") or 0
+            nbytes += integer_attr(node, "tensor_size") or 0
         elif node.type == pb.COMM_COLL_NODE:
             kind = collective_kind(node)
-            comm_size = attr_value(node, "comm_size") or 0
+            comm_size = integer_attr(node, "comm_size") or 0
             count[kind] += 1
             size[kind] += comm_size
             group_count[kind, timer.group_size(node)] += 1
             group_size[kind, timer.group_size(node)] += comm_size
         elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
             is_send = node.type == pb.COMM_SEND_NODE
-            peer = attr_value(node, "comm_dst" if is_send else "comm_src")
-            peers[is_send][0][peer] += 1
-            peers[is_send][1][peer] += attr_value(node, "comm_size") or 0
+            transfers[is_send] += 1
+            peer = integer_attr(node, "comm_dst" if is_send else "comm_src")
+            if peer is not None:  # a transfer without one (see `flint check`) has no row of its own
+                peers[is_send][0][peer] += 1
+                peers[is_send][1][peer] += integer_attr(node, "comm_size") or 0
     return TraceSummary(
         rank=trace.rank,
         nodes=len(trace.nodes),
@@ -109,8 +112,8 @@ def summarize(trace: RankTrace, timer: NodeTimer) -> TraceSummary:
         flops=flops,
         bytes=nbytes,
         collectives={k: (count[k], size[k]) for k in sorted(count)},
-        sends=sum(peers[True][0].values()),
-        recvs=sum(peers[False][0].values()),
+        sends=transfers[True],
+        recvs=transfers[False],
         by_group_size={k: (group_count[k], group_size[k]) for k in sorted(group_count, key=str)},
         sends_to=_by_peer(*peers[True]),
         recvs_from=_by_peer(*peers[False]),
@@ -125,20 +128,21 @@ def heaviest_nodes(nodes: Sequence[pb.Node], timer: NodeTimer, k: int = HEAVIEST
         HeavyNode(
             id=node.id,
             name=node.name,
-            type=collective_kind(node) if node.type == pb.COMM_COLL_NODE else pb.NodeType.Name(node.type),
+            type=(collective_kind(node) if node.type == pb.COMM_COLL_NODE
+                  else enum_name(pb.NodeType, node.type)),
             micros=-minus_micros,
-            flops=(attr_value(node, "num_ops") or 0) if node.type == pb.COMP_NODE else 0,
-            bytes=attr_value(node, "comm_size" if node.type in _COMM else "tensor_size") or 0,
+            flops=(integer_attr(node, "num_ops") or 0) if node.type == pb.COMP_NODE else 0,
+            bytes=integer_attr(node, "comm_size" if node.type in _COMM else "tensor_size") or 0,
         )
         for minus_micros, _, node in timed
     ]
 
 
 def collective_kind(node: pb.Node) -> str:
-    """`ALL_REDUCE`, ..., or `comm_type N` for a value the schema does not name."""
-    comm_type = attr_value(node, "comm_type")
-    known = comm_type in pb.CollectiveCommType.values()
-    return pb.CollectiveCommType.Name(comm_type) if known else f"comm_type {comm_type}"
+    """`ALL_REDUCE`, ..., `CollectiveCommType N` for a value the schema does not name, or
+    `comm_type ?` where there is no integer one."""
+    comm_type = integer_attr(node, "comm_type")
+    return "comm_type ?" if comm_type is None else enum_name(pb.CollectiveCommType, comm_type)
 
 
 def _by_peer(count: Counter[int], size: Counter[int]) -> dict[int, tuple[int, int]]:

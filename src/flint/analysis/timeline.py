@@ -30,7 +30,7 @@ from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.node_rules import ALL_RANKS
-from flint.trace.reader import RankTrace, attr_value, attribute_value, read_trace_set
+from flint.trace.reader import RankTrace, attr_value, attribute_value, enum_name, read_trace_set
 from flint.trace.timing import NodeTimer, group_id
 
 COMPUTE, COMM = "compute", "comm"
@@ -171,7 +171,7 @@ class _Simulation:
     def start(self, rank: _Rank, node_id: int, now: float, stream: str) -> None:
         node = rank.nodes[node_id]
         duration = self.timer.micros(node)
-        name = node.name or f"{pb.NodeType.Name(node.type)} {node_id}"
+        name = node.name or f"{enum_name(pb.NodeType, node.type)} {node_id}"
         self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, _args(node)))
         heapq.heappush(self.events, (now + duration, rank.rank, node_id))
 
@@ -245,7 +245,7 @@ def _collective_instances(rank: _Rank) -> dict[int, tuple[int, int]]:
 
 def _args(node: pb.Node) -> dict[str, Any]:
     """What a viewer shows on click: the node's id, type and scalar attributes."""
-    args: dict[str, Any] = {"id": node.id, "type": pb.NodeType.Name(node.type)}
+    args: dict[str, Any] = {"id": node.id, "type": enum_name(pb.NodeType, node.type)}
     for attr in node.attr:
         value = attribute_value(attr)
         if isinstance(value, (bool, int, float, str)):

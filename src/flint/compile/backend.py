@@ -1,9 +1,11 @@
-"""Virtual devices for the mesh, from the CPU client or a TPU topology.
+"""Virtual devices for the mesh: the CPU client, a GPU cluster or a TPU topology.
 
-Nothing is ever executed: XLA only has to partition the step for the devices. The CPU client of
+Nothing is ever executed: XLA only has to compile the step for the devices. The CPU client of
 jaxlib pretends to have many devices and is always there, but compiles for at most 2,048 of them. A
-TPU topology (`libtpu`, the optional `flint[tpu]` extra) describes a pod, or several pod slices, with
-no TPU attached, and compiles for it ahead of time: 16 slices of v5p 16x16x32 are 131,072 devices.
+GPU cluster (`flint.compile.gpu`, the `flint[gpu]` extra) is any number of NVIDIA GPUs of one kind,
+compiled for by XLA's GPU compiler with no GPU attached. A TPU topology (`libtpu`, the `flint[tpu]`
+extra) describes a pod, or several pod slices, likewise: 16 slices of v5p 16x16x32 are 131,072
+devices.
 
 Rank r is the r-th device in row-major mesh order, which for a TPU topology is the topology's own
 device order (slice by slice). The partitioned module numbers ranks the same way on every backend.
@@ -11,12 +13,16 @@ device order (slice by slice). The partitioned module numbers ranks the same way
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from flint.compile.gpu import GPUS, device_memory, gpu_devices, target_config
 from flint.errors import FlintError
 from flint.mesh import MeshSpec
 
@@ -26,13 +32,27 @@ CPU_DEVICE_LIMIT = 2048
 
 @dataclass(frozen=True)
 class Backend:
-    """Where the virtual devices come from: `cpu`, or a TPU `topology` such as `v5p:16x16x32`
-    repeated over `slices` pod slices (multi-slice, joined by the data-center network)."""
+    """Where the virtual devices come from: `cpu`, a `gpu` (a built-in name such as `h100`, or a
+    target-config file), or a TPU `topology` such as `v5p:16x16x32` repeated over `slices` pod
+    slices (multi-slice, joined by the data-center network)."""
 
     topology: str | None = None
     slices: int = 1
+    gpu: str | None = None
+
+    @property
+    def device_memory(self) -> int | None:
+        """Bytes of memory of one device, where the backend describes real ones (GPUs)."""
+        return None if self.gpu is None else device_memory(self.gpu)
+
+    @property
+    def default_stage(self) -> str:
+        """The GPU compiler's optimised module is its kernels; the others' are their hosts'."""
+        return "optimized" if self.gpu is not None else "partitioned"
 
     def __str__(self) -> str:
+        if self.gpu is not None:
+            return f"gpu:{self.gpu}"
         return "cpu" if self.topology is None else f"tpu:{self.topology}"
 
 
@@ -40,18 +60,23 @@ CPU = Backend()
 
 
 def parse_backend(text: str, slices: int = 1) -> Backend:
-    """`cpu` or `tpu:<topology>` (`--backend`), with `--slices` for a TPU topology."""
+    """`cpu`, `gpu[:<name or file>]` or `tpu:<topology>` (`--backend`), with `--slices` for a TPU
+    topology."""
     if slices < 1:
         raise FlintError(f"invalid --slices {slices}: give a positive number of pod slices")
     kind, _, topology = text.strip().partition(":")
-    if kind == "cpu" and not topology:
-        if slices != 1:
-            raise FlintError("--slices needs a TPU backend: use --backend tpu:<topology>")
-        return CPU
     if kind == "tpu" and topology:
         return Backend(topology, slices)
+    if slices != 1:
+        raise FlintError("--slices needs a TPU backend: use --backend tpu:<topology>")
+    if kind == "cpu" and not topology:
+        return CPU
+    if kind == "gpu":
+        target_config(topology or "h100")  # an unknown name or unreadable file fails here, early
+        return Backend(gpu=topology or "h100")
     raise FlintError(
-        f"invalid --backend {text!r}: use cpu, or tpu:<topology> such as tpu:v5p:16x16x32"
+        f"invalid --backend {text!r}: use cpu, gpu:<{'|'.join(GPUS)}|FILE> or tpu:<topology> "
+        "such as tpu:v5p:16x16x32"
     )
 
 
@@ -61,11 +86,53 @@ def make_virtual_mesh(spec: MeshSpec, backend: Backend = CPU):
     Auto axes let the compiler propagate shardings from the inputs, which is what a model written for
     `jit` expects.
     """
-    from jax.sharding import AxisType, Mesh
+    with _quiet_native_stderr():
+        from jax.sharding import AxisType, Mesh
 
-    devices = _cpu_devices(spec) if backend.topology is None else _tpu_devices(spec, backend)
-    grid = np.array(devices, dtype=object).reshape(spec.shape)
-    return Mesh(grid, spec.axis_names, axis_types=(AxisType.Auto,) * len(spec.shape))
+        if backend.gpu is not None:
+            devices = _gpu_devices(spec, backend)
+        elif backend.topology is not None:
+            devices = _tpu_devices(spec, backend)
+        else:
+            devices = _cpu_devices(spec)
+        grid = np.array(devices, dtype=object).reshape(spec.shape)
+        return Mesh(grid, spec.axis_names, axis_types=(AxisType.Auto,) * len(spec.shape))
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Hold back what native code prints on stderr while JAX loads its plugins and starts its
+    backends.
+
+    An installed CUDA plugin logs that it found no CUDA driver each time JAX starts, on every
+    backend, although none is needed here. What was printed is passed on if starting fails
+    unexpectedly (not with a `FlintError`, which says what to do in its own line).
+    """
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except FlintError:
+            raise
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            os.write(2, held.read())
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _gpu_devices(spec: MeshSpec, backend: Backend) -> list:
+    import jax
+
+    try:
+        jax.config.update("jax_platforms", "cpu")  # JAX itself runs nothing, on no GPU
+    except RuntimeError:
+        pass  # backends already exist, which is fine for compile-only devices
+    return gpu_devices(spec.size, backend.gpu, str(backend))
 
 
 def _cpu_devices(spec: MeshSpec) -> list:

@@ -8,21 +8,32 @@ out only through its dump facility, so compilation runs with a private dump dire
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 
+from flint.compile.gpu_module import (
+    latency_estimates,
+    record_instruction_ids,
+    record_trip_counts,
+    split_combined_collectives,
+)
+from flint.compile.memory import DeviceMemory
 from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
 from flint.frontend import Workload
 from flint.sharding import rules_in_effect
 
 STAGES = ("partitioned", "optimized")
+FATAL = 3
+"""absl's severity of the one kind of log line XLA still prints while Flint compiles."""
 WHOLE_LOOPS = {"xla_disable_hlo_passes": "small-while-loop-hoisting"}
 """XLA:CPU would wrap small while loops in calls it runs as single kernels, whose instructions the
 profiler cannot see. The graph unrolls a loop either way, so every compile of the step turns that
@@ -32,6 +43,10 @@ _DUMP_FILE = {
     "partitioned": "*.after_*spmd-partitioning.*.hlo.pb",
     "optimized": "*after_optimizations.hlo.pb",
 }
+UNPARTITIONED = "*.sharding-removal.*.hlo.pb"
+"""On one device the SPMD partitioner does not run: XLA:CPU strips the shardings in a pipeline of
+its own instead, whose start is always dumped and each pass only if it changed the module. The last
+of those dumps (they are numbered in pass order) is the partitioned module of a 1-rank mesh."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,11 @@ class PartitionedModule:
     lower_seconds: float
     compile_seconds: float
     groups_by_channel: Mapping[int, np.ndarray] = field(default_factory=lambda: MappingProxyType({}))
+    memory: DeviceMemory | None = None
+    """Device memory per rank from the compiled executable (None where compilation stopped early)."""
+    estimates: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Microseconds by scheduled instruction id, as XLA's latency-hiding scheduler estimated them
+    (the GPU compiler's optimised module; empty elsewhere)."""
 
     def text(self) -> str:
         """Readable StableHLO, for `--dump-ir`."""
@@ -66,21 +86,67 @@ def _user_line(exc: BaseException, workload: Workload) -> str:
     return f" at {workload.path.name}:{frames[-1].lineno}" if frames else ""
 
 
-def _hlo_module_proto(dump: Path, stage: str) -> bytes:
+def _dump_options(devices: int) -> dict[str, object]:
+    """The passes after which XLA dumps the module: the SPMD partitioner, or on one device, where
+    it does not run, those of the pipeline that strips the shardings instead."""
+    if devices == 1:
+        return {"xla_dump_hlo_pipeline_re": "sharding-removal", "xla_dump_hlo_pass_re": ".*"}
+    return {"xla_dump_hlo_pass_re": "spmd-partitioning"}
+
+
+def _module_files(dump: Path, stage: str, devices: int) -> list[Path]:
+    """The dump files that hold the module `stage` asks for: one, or none where XLA wrote none."""
+    if stage == "partitioned" and devices == 1:
+        return sorted(dump.glob(UNPARTITIONED))[-1:]
+    return list(dump.glob(_DUMP_FILE[stage]))
+
+
+def _hlo_module_proto(dump: Path, stage: str, devices: int) -> bytes:
+    """The module of the dump file. XLA only logs a dump file it could not write, which it leaves
+    empty or cut short; a full temp directory is what does that."""
+    from google.protobuf.message import DecodeError
+
     from flint.schema.hlo_envelope_pb2 import HloProtoEnvelope
 
-    found = sorted(dump.glob(_DUMP_FILE[stage]))
+    found = _module_files(dump, stage, devices)
     if len(found) != 1:
         raise RuntimeError(f"expected one {stage} module in the XLA dump, found {len(found)}")
-    return HloProtoEnvelope.FromString(found[0].read_bytes()).hlo_module
+    try:
+        module = HloProtoEnvelope.FromString(found[0].read_bytes()).hlo_module
+    except DecodeError:
+        module = b""
+    if not module:
+        raise FlintError(
+            f"XLA could not write the compiled module into {dump} (is the disk full?): free space "
+            "in the temp directory or set TMPDIR to a directory with room"
+        )
+    return module
+
+
+@contextmanager
+def _xla_logs_silenced():
+    """XLA logs a line for each dump file it cannot write, hundreds when the temp directory is
+    full, and Flint reports that in one line; XLA's other failures reach Flint as exceptions."""
+    from jax._src.lib import utils
+
+    utils.absl_set_min_log_level(FATAL)
+    try:
+        yield
+    finally:
+        level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")
+        utils.absl_set_min_log_level(int(level) if level.isdigit() else 0)
 
 
 def for_conversion(module_proto: bytes) -> bytes:
     """The optimised module as the conversion to StableHLO must see it, parsed and written once:
-    in schedule order, with the groups of its several-operand all-to-alls written out."""
+    in schedule order, with the groups of its several-operand all-to-alls written out, its loops'
+    known trip counts recorded and its combined collectives split (`flint.compile.gpu_module`)."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     module = HloModule.FromString(module_proto)
+    record_trip_counts(module)
+    record_instruction_ids(module)
+    split_combined_collectives(module)
     _in_schedule_order(module)
     _write_out_tuple_all_to_all_groups(module)
     return module.SerializeToString()
@@ -91,7 +157,9 @@ def _in_schedule_order(module) -> None:
 
     Each instruction also gets the one scheduled before it as a control predecessor: the conversion
     to StableHLO orders ops by dependencies only, and this makes the schedule one of them. Modules
-    without a schedule are left as they are.
+    without a schedule are left as they are. The exception is a generic `async-done` (the GPU
+    compiler's reduce-scatters), which the conversion refuses any predecessor but its start: work
+    scheduled between such a start and its done may come to wait for the collective.
     """
     for computation in module.computations:
         sequence = module.schedule.sequences.get(computation.id)
@@ -100,6 +168,9 @@ def _in_schedule_order(module) -> None:
         by_id = {instruction.id: instruction for instruction in computation.instructions}
         ordered = [by_id[i] for i in sequence.instruction_ids]
         for before, instruction in zip(ordered, ordered[1:]):
+            if instruction.opcode == "async-done":
+                del instruction.control_predecessor_ids[:]  # the conversion allows its start only
+                continue
             if before.id not in instruction.operand_ids and before.id not in instruction.control_predecessor_ids:
                 instruction.control_predecessor_ids.append(before.id)
         del computation.instructions[:]
@@ -174,22 +245,27 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
     with tempfile.TemporaryDirectory(prefix="flint-xla-") as tmp:
         options = {
             **WHOLE_LOOPS,
+            **_dump_options(mesh.size),
             "xla_dump_to": tmp,
-            "xla_dump_hlo_pass_re": "spmd-partitioning",
             "xla_dump_hlo_as_proto": True,
             "xla_dump_hlo_as_text": False,
+            "xla_dump_latency_hiding_schedule": stage == "optimized",
         }
+        memory = None
         try:
-            lowered.compile(compiler_options=options)
+            with _xla_logs_silenced():
+                memory = DeviceMemory.of(lowered.compile(compiler_options=options))
         except Exception as exc:
             # The partitioned module is complete before code generation starts, so a backend that
             # cannot generate code for an op (XLA:CPU has no ragged all-to-all) has still written it.
-            if stage != "partitioned" or len(list(Path(tmp).glob(_DUMP_FILE[stage]))) != 1:
+            if stage != "partitioned" or len(_module_files(Path(tmp), stage, mesh.size)) != 1:
                 raise FlintError(
                     f"{workload.path.name}: XLA could not compile the step for mesh "
                     f"{dict(mesh.shape)}: {str(exc).splitlines()[0]}"
                 ) from exc
-        module_proto = _hlo_module_proto(Path(tmp), stage)
+        module_proto = _hlo_module_proto(Path(tmp), stage, mesh.size)
+        schedules = list(Path(tmp).glob("*.schedule.pb"))
+        estimates = latency_estimates(schedules[0].read_bytes()) if len(schedules) == 1 else {}
     compiled_at = time.perf_counter()
     if stage == "optimized":
         module_proto = for_conversion(module_proto)
@@ -200,4 +276,6 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         lower_seconds=lowered_at - start,
         compile_seconds=compiled_at - lowered_at,
         groups_by_channel=MappingProxyType(mesh_axes_groups_by_channel(module_proto)),
+        memory=memory,
+        estimates=MappingProxyType(estimates),
     )

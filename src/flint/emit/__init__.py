@@ -16,7 +16,7 @@ from flint.emit.groups import GroupTable
 from flint.emit.parallel import write_ranks
 from flint.emit.summary import RankTotals, rank_totals
 from flint.emit.verify import check_emitted
-from flint.emit.writer import OutputDir, prepare_output
+from flint.emit.writer import OutputDir, check_name, disk_errors, prepare_output
 
 __all__ = [
     "ChakraEmitter",
@@ -25,6 +25,8 @@ __all__ = [
     "RankClasses",
     "RankTotals",
     "check_emitted",
+    "check_name",
+    "disk_errors",
     "prepare_output",
     "rank_classes",
     "rank_totals",

@@ -10,11 +10,13 @@ serialized once (see `template.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from flint.devices import Device
 from flint.emit.classes import RankClasses
+from flint.emit.durations import RunningMicros
 from flint.emit.groups import GroupTable
 from flint.emit.plan import COLLECTIVE, COMPUTE, SEND, Planned, plan_class
 from flint.emit.template import GroupSlot, PeerSlot, RankTemplate
@@ -55,11 +57,19 @@ def peer_bytes(src: int, dst: int) -> bytes:
 class NodeMessages:
     """The rank-independent part of each planned node's message."""
 
-    def __init__(self, graph: WorkloadGraph, device: Device):
+    def __init__(self, graph: WorkloadGraph, device: Device, estimates: Mapping[int, float] | None = None):
         self.graph = graph.graph
         self.device = device
+        self.estimates = estimates
 
-    def message(self, planned: Planned) -> pb.Node:
+    def micros(self, data: dict) -> float:
+        """The node's exact time: XLA's estimate for its instruction where asked for and known,
+        else the device's roofline."""
+        if self.estimates is not None and data.get("instruction") in self.estimates:
+            return self.estimates[data["instruction"]]
+        return self.device.micros(data["flops"], data["bytes"])
+
+    def message(self, planned: Planned, durations: RunningMicros) -> pb.Node:
         data = self.graph.nodes[planned.node]
         message = pb.Node(
             id=planned.id,
@@ -71,7 +81,7 @@ class NodeMessages:
         if planned.kind == COMPUTE:
             # Memory nodes become COMP nodes with one op, so roofline mode times them by bytes alone.
             message.type = pb.COMP_NODE
-            message.duration_micros = self.device.duration_micros(data["flops"], data["bytes"])
+            message.duration_micros = durations.next(self.micros(data))
             message.attr.extend(
                 [
                     _attr("num_ops", int64_val=max(1, data["flops"])),
@@ -80,6 +90,8 @@ class NodeMessages:
             )
             if data["transcendentals"]:
                 message.attr.append(_attr("transcendentals", int64_val=data["transcendentals"]))
+            if "kernel" in data:
+                message.attr.append(_attr("kernel", string_val=data["kernel"]))
         elif planned.kind == COLLECTIVE:
             message.type = pb.COMM_COLL_NODE
             if data["collective"] == "collective_broadcast":
@@ -113,11 +125,12 @@ class ChakraEmitter:
         groups: GroupTable,
         classes: RankClasses,
         metadata: dict,
+        estimates: Mapping[int, float] | None = None,
     ):
         self.graph = graph
         self.groups = groups
         self.classes = classes
-        self._messages = NodeMessages(graph, device)
+        self._messages = NodeMessages(graph, device, estimates)
         self._header = encode_delimited(
             pb.GlobalMetadata(
                 version=SCHEMA_VERSION,
@@ -151,8 +164,9 @@ class ChakraEmitter:
         constants: list[bytes] = []
         slots: list[GroupSlot | PeerSlot] = []
         run = [self._header]
+        durations = RunningMicros()
         for planned in plan_class(self.graph, self.classes, cls):
-            message = self._messages.message(planned).SerializeToString()
+            message = self._messages.message(planned, durations).SerializeToString()
             if planned.kind == COMPUTE:
                 run.append(encode_delimited(message))
                 continue

@@ -6,9 +6,13 @@ or failed extraction never leaves a half-written trace where ASTRA-sim would pic
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flint.errors import FlintError
@@ -17,6 +21,13 @@ from flint.errors import FlintError
 def prepare_output(path: Path, force: bool) -> Path:
     """Check up front (before any slow work) that `path` may receive a trace."""
     path = Path(path)
+    if Path.cwd().resolve().is_relative_to(path.resolve()):
+        raise FlintError(
+            f"output {str(path)!r} is the current directory or contains it, which cannot be "
+            "replaced: choose another -o"
+        )
+    if path.name == "..":
+        raise FlintError(f"output {str(path)!r} ends in '..': name the directory itself in -o")
     if path.exists() and not path.is_dir():
         raise FlintError(f"output {str(path)!r} exists and is not a directory: choose another -o")
     if path.is_dir() and any(path.iterdir()) and not force:
@@ -25,15 +36,69 @@ def prepare_output(path: Path, force: bool) -> Path:
         )
     if not path.parent.exists():
         raise FlintError(f"parent directory of {str(path)!r} does not exist: create it first")
+    _check_writable(path)
     return path
 
 
+def _check_writable(path: Path) -> None:
+    """Create and remove a directory where the staging directory will go. Only trying tells: root
+    may write anywhere `os.access` looks, except on a read-only mount or through a file."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as exc:
+        raise FlintError(
+            f"cannot create output {str(path)!r} in {str(path.parent)!r}: {exc.strerror}: "
+            "choose another -o"
+        ) from None
+
+
+def check_name(name: str | None) -> str | None:
+    """`name` if it is a plain file name: trace files are `NAME.<rank>.et` in the output directory,
+    and a path separator or `..` would put them outside it."""
+    if name is None:
+        return None
+    if name in ("", ".", "..") or any(sep and sep in name for sep in (os.sep, os.altsep)):
+        raise FlintError(
+            f"invalid --name {name!r}: give a file name prefix without path separators, such as mlp"
+        )
+    return name
+
+
+@contextmanager
+def disk_errors(target: Path) -> Iterator[None]:
+    """A full disk (or quota) while the trace is written is the user's to fix, said in one line."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise FlintError(
+            f"no space left on device writing {str(target)!r}: free space or choose another -o"
+        ) from exc
+
+
 class OutputDir:
-    """A staging directory that becomes `target` on `commit()`, or vanishes on error."""
+    """A staging directory that becomes `target` on `commit()`, or vanishes on `discard()`; as a
+    context manager, one or the other when the block ends.
+
+    From creation to then, an exclusive lock keeps other flint runs away from `target`: a second
+    run into the same directory fails at once, rather than racing this one's commit and leaving
+    its staging directory behind. The lock is an flock on the hidden file `.NAME.lock` next to
+    `target`, removed on release; a run killed with SIGKILL leaves it, harmless, as the kernel
+    drops the lock with the process.
+    """
 
     def __init__(self, target: Path):
         self.target = Path(target)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
+        self._lock_path = self.target.parent / f".{self.target.name}.lock"
+        self._lock = _lock(self._lock_path, self.target)
+        try:
+            self.staging = Path(
+                tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent)
+            )
+        except BaseException:
+            self._release()
+            raise
 
     def path(self, name: str) -> Path:
         return self.staging / name
@@ -42,17 +107,31 @@ class OutputDir:
         self.path(name).write_text(text, encoding="utf-8")
 
     def commit(self) -> None:
-        os.chmod(self.staging, 0o755)
-        if self.target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.old.", dir=self.target.parent))
-            os.rename(self.target, old / "previous")
+        """Move the staging directory into place; the previous output is deleted only after."""
+        try:
+            os.chmod(self.staging, 0o755)
+            previous = self.target.exists()  # the lock keeps other runs from changing that
+            old = self.staging.with_name(self.staging.name + ".old")
+            if previous:
+                os.rename(self.target, old)
             os.rename(self.staging, self.target)
-            shutil.rmtree(old)
-        else:
-            os.rename(self.staging, self.target)
+            if previous:
+                shutil.rmtree(old)
+        finally:
+            self.discard()  # releases the lock, and removes the staging directory if a move failed
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Delete the lock file while still holding the lock: a run that opened it meanwhile finds
+        it gone once it gets the lock, and locks a fresh one (`_lock`)."""
+        if self._lock is not None:
+            if _names(self._lock, self._lock_path):  # unless someone deleted it by hand
+                os.unlink(self._lock_path)
+            os.close(self._lock)
+            self._lock = None
 
     def __enter__(self) -> "OutputDir":
         return self
@@ -62,3 +141,29 @@ class OutputDir:
             self.commit()
         else:
             self.discard()
+
+
+def _lock(path: Path, target: Path) -> int:
+    """A descriptor of `path` (created if need be) holding its exclusive flock."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FlintError(
+                f"output directory {str(target)!r} is being written by another flint run: wait for "
+                "it to finish or choose another -o"
+            ) from None
+        if _names(fd, path):
+            return fd
+        os.close(fd)
+
+
+def _names(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open as `fd` (the run before may have deleted it)."""
+    try:
+        found, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)

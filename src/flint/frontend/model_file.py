@@ -40,6 +40,18 @@ def _where(exc: BaseException, path: Path) -> str:
     return f"{path.name}:{frames[-1].lineno}" if frames else path.name
 
 
+def _failed(exc: BaseException, path: Path) -> str:
+    """What the model file's code did and where: `raised ValueError at model.py:12: bad shape`, or
+    `called sys.exit(3) at model.py:12`, which is no `Exception` and would end Flint silently."""
+    if isinstance(exc, SystemExit):
+        return (
+            f"called sys.exit({exc.code!r}) at {_where(exc, path)}: a model file must not exit, "
+            "remove the call"
+        )
+    message = str(exc).splitlines()[0] if str(exc) else ""  # the rest with --debug
+    return f"raised {type(exc).__name__} at {_where(exc, path)}: {message}"
+
+
 def _import(path: Path):
     if not path.is_file():
         raise FlintError(f"model file {str(path)!r} not found: give the path of a Python file")
@@ -55,13 +67,10 @@ def _import(path: Path):
         raise FlintError(
             f"model file {path.name} is not valid Python: {exc.msg} at line {exc.lineno}"
         ) from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         if isinstance(exc, ModuleNotFoundError) and exc.name in TORCH_MODULES:
             raise missing_torch(path.name, exc.name) from None
-        raise FlintError(
-            f"model file {path.name} raised {type(exc).__name__} on import at {_where(exc, path)}: "
-            f"{exc}"
-        ) from exc
+        raise FlintError(f"model file {path.name}, on import, {_failed(exc, path)}") from exc
     finally:
         sys.path.remove(str(path.parent))
     return module
@@ -88,12 +97,24 @@ def _logical_rules(module, path: Path, mesh):
         return None
     try:
         rules = entry(mesh)
-    except Exception as exc:
-        raise FlintError(
-            f"{path.name}: {RULES_ENTRY_POINT}(mesh) raised {type(exc).__name__} at {_where(exc, path)}: "
-            f"{exc}"
-        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise FlintError(f"{path.name}: {RULES_ENTRY_POINT}(mesh) {_failed(exc, path)}") from exc
     return {name: axes_of(axes) for name, axes in rules.items()}
+
+
+def _step_and_args(result: Any, path: Path) -> tuple[Any, Any]:
+    """`workload(mesh)`'s result as (step, args), or what is wrong with it."""
+    must = f"{path.name}: {ENTRY_POINT}(mesh) must return (step, args)"
+    if not isinstance(result, tuple):
+        raise FlintError(f"{must}, a tuple, but returned a {type(result).__name__}")
+    if len(result) != 2:
+        raise FlintError(f"{must}, but returned a tuple of {len(result)}")
+    if not callable(result[0]):
+        raise FlintError(
+            f"{must}, but its first element is a {type(result[0]).__name__}, not a callable step "
+            "function: return the function itself, not its name or its result"
+        )
+    return result
 
 
 def load_workload(path: Path, mesh) -> Workload:
@@ -110,15 +131,9 @@ def load_workload(path: Path, mesh) -> Workload:
         )
     try:
         result = entry(mesh)
-    except Exception as exc:
-        raise FlintError(
-            f"{path.name}: {ENTRY_POINT}(mesh) raised {type(exc).__name__} at {_where(exc, path)}: {exc}"
-        ) from exc
-    if not (isinstance(result, tuple) and len(result) == 2 and callable(result[0])):
-        raise FlintError(
-            f"{path.name}: {ENTRY_POINT}(mesh) must return (step, args), got {type(result).__name__}"
-        )
-    step, args = result
+    except (Exception, SystemExit) as exc:
+        raise FlintError(f"{path.name}: {ENTRY_POINT}(mesh) {_failed(exc, path)}") from exc
+    step, args = _step_and_args(result, path)
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     _check_inputs(args, path)
     return Workload(

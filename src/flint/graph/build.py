@@ -44,10 +44,10 @@ import numpy as np
 from flint.errors import FlintError
 from flint.graph.collectives import comm_bytes, describe
 from flint.graph.reduce_scatter import ReduceScatter, reduce_scatters
-from flint.ir.costs import COLLECTIVE, FREE, cost_of
+from flint.ir.costs import COLLECTIVE, FREE, cost_of, kernel_of
 from flint.ir.folding import Value, fold
 from flint.ir.loops import trip_count
-from flint.ir.parse import CONTROL_FLOW, Op, Program, Region
+from flint.ir.parse import CONTROL_FLOW, FUSION, Op, Program, Region
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,7 @@ class _Builder:
         self.top_loop: tuple[int, int] | None = None  # (loop, iteration) being unrolled
         self.inputs: dict[int, frozenset[int]] = {}  # value -> entry arguments it passes on
         self.reads: dict[int, frozenset[int]] = {}
+        self.combining: dict[str, tuple[int, set[int]]] = {}  # combined op -> its node, pieces
 
     def deps(self, values) -> frozenset[int]:
         """The nodes that produced `values`."""
@@ -266,12 +267,39 @@ class _Builder:
             return
         comm = dict(collective=info.kind, comm_bytes=info.comm_bytes, groups=info.groups)
         if scatter is None:
-            self.add(op, attributes | comm)
+            if not self.joined(op, attributes | comm):
+                self.add(op, attributes | comm)
             return
         attributes["bytes"] = info.comm_bytes + scatter.piece.result_types[0].nbytes
         self.add(op, attributes | comm | dict(collective="reduce_scatter"), opcode="reduce_scatter")
         for absorbed in (*scatter.copies, scatter.piece):
             self.bind(absorbed.results, op.results)
+
+    def joined(self, op: Op, attributes: dict) -> bool:
+        """Join a piece of a combined collective (`flint.compile.gpu_module`) to the node of the
+        first piece met: the compiler issues them as one, with the bytes of all of them. A piece
+        met again starts the next walk of the region (a loop's next trip)."""
+        if "combined" not in op.attrs:
+            return False
+        name, piece = op.attrs["combined"]
+        last, pieces = self.combining.get(name, (None, {piece}))
+        if piece in pieces:  # the first piece met, in this walk of its region
+            self.combining[name] = (self.graph.number_of_nodes(), {piece})
+            return False
+        deps = self.deps(op.operands)
+        if any(dep > last for dep in deps):  # keep node keys a topological order
+            return False
+        pieces.add(piece)
+        node = self.graph.nodes[last]
+        node["bytes"] += attributes["bytes"]
+        node["comm_bytes"] += attributes["comm_bytes"]
+        for dep in sorted(deps):
+            self.graph.add_edge(dep, last)
+        for value in op.results:
+            self.producers[value] = frozenset((last,))
+        if self.read(op.operands):
+            self.reads[last] = self.reads.get(last, frozenset()) | self.read(op.operands)
+        return True
 
     def region(self, region: Region) -> None:
         if id(region) not in self.scatters:  # a loop body is walked once per trip: find them once
@@ -303,15 +331,17 @@ class _Builder:
             else:
                 if not cost.known:
                     self.unknown.add(op.opcode)
-                self.add(
-                    op,
-                    dict(
-                        kind=cost.kind,
-                        flops=cost.flops,
-                        transcendentals=cost.transcendentals,
-                        bytes=cost.bytes,
-                    ),
+                attributes = dict(
+                    kind=cost.kind,
+                    flops=cost.flops,
+                    transcendentals=cost.transcendentals,
+                    bytes=cost.bytes,
                 )
+                if op.opcode == FUSION:
+                    attributes["kernel"] = kernel_of(op)
+                if "instruction" in op.attrs:
+                    attributes["instruction"] = op.attrs["instruction"]
+                self.add(op, attributes)
 
 
 def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None) -> WorkloadGraph:

@@ -95,6 +95,17 @@ def _flops(op: Op) -> int | None:
     return None
 
 
+KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
+"""A fusion (a kernel of the optimised module) that runs one of these is named after it."""
+
+
+def kernel_of(fusion: Op) -> str:
+    """What kind of kernel a fusion is: `gemm` or `conv` where it runs a matmul or a convolution
+    (with what the compiler fused around it), else `fusion` (element-wise work, reductions)."""
+    inner = {o.opcode for o in fusion.regions[0].ops}
+    return next((kind for opcode, kind in KERNELS.items() if opcode in inner), "fusion")
+
+
 def cost_of(op: Op) -> Cost:
     """Classify `op` and cost it; collectives get their bytes from `flint.graph.collectives`."""
     if op.opcode in NO_COST:

@@ -69,8 +69,11 @@ def trip_count(loop: Op, constants: Mapping[int, int]) -> int | None:
 
     `constants` maps value ids to the integers they are known to hold where the loop starts (its
     initial values; `flint.ir.folding`). The bound is a constant, or a value the loop carries unchanged
-    (an inner loop running `i` times for the counter `i` of an outer one).
+    (an inner loop running `i` times for the counter `i` of an outer one). A count the compiler
+    worked out itself (`flint.compile.gpu_module`) is taken as it is.
     """
+    if "trip_count" in loop.attrs:
+        return loop.attrs["trip_count"]
     cond, body = loop.regions
     cond_defs, body_defs = _definitions(cond), _definitions(body)
     compare = _defining(cond.results[0], cond_defs) if cond.results else None

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from flint.compile.capture import PartitionedModule
+from flint.compile.gpu_module import COMBINED, INSTRUCTION, TRIP_COUNT
 from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
 
@@ -200,6 +201,8 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "select_and_scatter" and "window_dimensions" in attributes:
         out["window"] = _ints(attributes["window_dimensions"])
+    if "mhlo.frontend_attributes" in attributes:
+        out.update(_marks(ir.DictAttr(attributes["mhlo.frontend_attributes"])))
     if opcode in CUSTOM_CALL_COLLECTIVES:  # its replica groups, below, are in the config too
         attributes = ir.DictAttr(attributes["backend_config"])
         out["channel_id"] = ir.IntegerAttr(attributes["channel_id"]).value
@@ -213,6 +216,22 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["source_target_pairs"] = np.array(
             ir.DenseIntElementsAttr(attributes["source_target_pairs"]), dtype=np.int64
         ).reshape(-1, 2)
+    return out
+
+
+def _marks(frontend_attributes) -> dict[str, Any]:
+    """What the compile stage wrote into an op's frontend attributes: a loop's known trip count,
+    the scheduled instruction it comes from, the combined collective it is a piece of."""
+    from jaxlib.mlir import ir
+
+    out: dict[str, Any] = {}
+    if TRIP_COUNT in frontend_attributes:
+        out["trip_count"] = int(ir.StringAttr(frontend_attributes[TRIP_COUNT]).value)
+    if INSTRUCTION in frontend_attributes:
+        out["instruction"] = int(ir.StringAttr(frontend_attributes[INSTRUCTION]).value)
+    if COMBINED in frontend_attributes:
+        name, _, place = ir.StringAttr(frontend_attributes[COMBINED]).value.rpartition(":")
+        out["combined"] = (name, int(place))
     return out
 
 

@@ -2,8 +2,9 @@
 
 What `flint.emit` writes with and what the tools of `flint.analysis` read with: length-delimited
 framing, a reader for rank files and the communicator-group file, the rules of the trace contract
-checked across ranks, and how long a node takes (`timing`). It knows nothing of how a trace was
-made, so it reads any producer's traces.
+checked across ranks (files that repeat a checked one but for their per-rank values are recognised
+by their bytes: `shapes`), and how long a node takes (`timing`). It knows nothing of how a trace
+was made, so it reads any producer's traces.
 
 Imports: the foundation modules only (`flint.schema`, `flint.devices`).
 """

@@ -55,6 +55,12 @@ def encode_delimited(data: bytes) -> bytes:
 
 def iter_delimited(buf: bytes) -> Iterator[bytes]:
     """Yield the serialized messages of a framed stream, failing loudly on a truncated tail."""
+    for start, end in message_spans(buf):
+        yield bytes(buf[start:end])
+
+
+def message_spans(buf: bytes) -> Iterator[tuple[int, int]]:
+    """Yield where each serialized message of a framed stream starts and ends."""
     pos = 0
     while pos < len(buf):
         length, start = _decode_varint32(buf, pos)
@@ -63,7 +69,7 @@ def iter_delimited(buf: bytes) -> Iterator[bytes]:
             raise TraceFormatError(
                 f"message at byte {pos} declares {length} bytes but only {len(buf) - start} remain"
             )
-        yield bytes(buf[start:end])
+        yield start, end
         pos = end
 
 

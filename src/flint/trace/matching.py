@@ -16,14 +16,30 @@ from flint.trace.node_rules import ALL_RANKS, Collective, PointToPoint
 from flint.trace.violation import Violation
 
 _DIGEST_BYTES = 16
-_EMPTY_DIGEST = hashlib.blake2b(digest_size=_DIGEST_BYTES).digest()
 
 
-def _digest(collectives: Iterable[Collective]) -> bytes:
+def record(op: Collective) -> bytes:
+    """What the members of a group must agree on for one collective: its type and size."""
+    return struct.pack("<QQ", op.comm_type, op.comm_size)
+
+
+def sequence_digest(records: Iterable[bytes]) -> bytes:
+    """The digest of one rank's sequence of collective `record`s on one group."""
     hasher = hashlib.blake2b(digest_size=_DIGEST_BYTES)
-    for op in collectives:
-        hasher.update(struct.pack("<QQ", op.comm_type, op.comm_size))
+    for item in records:
+        hasher.update(item)
     return hasher.digest()
+
+
+_EMPTY_DIGEST = sequence_digest(())
+
+
+def group_digests(collectives: list[Collective]) -> dict[int, bytes]:
+    """The digest of a rank's collective sequence on each group it uses."""
+    return {
+        group: sequence_digest(map(record, group_sequence(collectives, group)))
+        for group in {op.group for op in collectives}
+    }
 
 
 def group_sequence(collectives: Iterable[Collective], group: int) -> list[Collective]:
@@ -37,9 +53,9 @@ class CollectiveLedger:
     def __init__(self) -> None:
         self._digests: dict[int, dict[int, bytes]] = {}
 
-    def add_rank(self, rank: int, collectives: list[Collective]) -> None:
-        for group in {op.group for op in collectives}:
-            digest = _digest(group_sequence(collectives, group))
+    def add_rank(self, rank: int, digests: dict[int, bytes]) -> None:
+        """Record a rank's `group_digests`."""
+        for group, digest in digests.items():
             self._digests.setdefault(group, {})[rank] = digest
 
     def divergent(

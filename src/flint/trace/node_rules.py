@@ -12,19 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import attribute_value, attributes
+from flint.trace.reader import (
+    GROUP_ID_DIGITS,
+    INTEGER_KINDS,
+    attribute_value,
+    attributes,
+    enum_name,
+)
 from flint.trace.violation import Violation
 
 ALL_RANKS = 0
 """Group key of the implicit all-ranks communicator (``pg_name`` absent, ``""`` or ``"0"``)."""
 
-INTEGER_KINDS = frozenset(
-    f"{kind}_val"
-    for kind in (
-        "int32", "int64", "uint32", "uint64", "sint32", "sint64",
-        "fixed32", "fixed64", "sfixed32", "sfixed64",
-    )
-)
 FLOAT_KINDS = frozenset({"double_val", "double_list", "float_val", "float_list"})
 INTEGER_ATTRS = frozenset(
     {"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag"}
@@ -125,7 +124,8 @@ def check_node(node: pb.Node, ctx: RankContext) -> NodeCheck:
     elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
         _check_point_to_point(check)
     else:
-        check.fail("no-invalid-node", f"node type {_type_name(node.type)} is not executable")
+        name = enum_name(pb.NodeType, node.type)
+        check.fail("no-invalid-node", f"{name} is not an executable node type")
     if not check.trusted:
         check.comm = None
     return check
@@ -151,7 +151,8 @@ def _check_collective(check: NodeCheck) -> None:
     node = check.node
     comm_type = check.integer("comm_type", "comm-type")
     if comm_type is not None and comm_type not in SIMULATED_COLLECTIVES:
-        check.fail("comm-type", f"comm_type {_comm_name(comm_type)} is not simulated")
+        name = enum_name(pb.CollectiveCommType, comm_type)
+        check.fail("comm-type", f"comm_type {name} is not simulated")
         comm_type = None
     if comm_type == pb.BROADCAST and node.duration_micros == 0:
         check.fail("broadcast-duration", "BROADCAST is replayed from duration_micros, which is 0")
@@ -166,32 +167,45 @@ def _check_collective(check: NodeCheck) -> None:
 
 def _group_of(check: NodeCheck) -> int | None:
     """The node's communicator group key, or None after reporting why it has none."""
-    ctx = check.ctx
     kind = check.kind("pg_name")
     if kind is None:
         return ALL_RANKS
     if kind != "string_val":
         check.fail("pg-name", f"pg_name must be string_val, got {kind} (std::bad_cast)")
         return None
-    text = check.value("pg_name")
+    group, problem = named_group(check.value("pg_name"), check.ctx)
+    if problem is not None:
+        check.fail(*problem)
+    elif group is None:
+        check.unresolved = True
+    return group
+
+
+def parse_group_id(text: str) -> int | None:
+    """The group key a `pg_name` spells: `ALL_RANKS` for "" and "0", an id for a decimal
+    string, None for anything else."""
     if text == "":
         return ALL_RANKS
-    if not (text.isascii() and text.isdigit()):
-        check.fail("pg-name", f"pg_name {text!r} is not a decimal group id")
-        return None
-    group = int(text)
+    if text.isascii() and text.isdigit() and len(text) <= GROUP_ID_DIGITS:
+        return int(text)
+    return None
+
+
+def named_group(text: str, ctx: RankContext) -> tuple[int | None, tuple[str, str] | None]:
+    """(group key, None) for a `pg_name` that names a group of this rank; else (None, the broken
+    rule and why), or (None, None) when the groups are unknown (reported once, elsewhere)."""
+    group = parse_group_id(text)
+    if group is None:
+        return None, ("pg-name", f"pg_name {text[:40]!r} is not a decimal group id")
     if group == ALL_RANKS:
-        return ALL_RANKS
+        return ALL_RANKS, None
     if ctx.groups is None:
-        check.unresolved = True
-        return None
+        return None, None
     if group not in ctx.groups:
-        check.fail("pg-name", f"group {group} is not defined in {ctx.groups_file}")
-        return None
+        return None, ("pg-name", f"group {group} is not defined in {ctx.groups_file}")
     if ctx.rank not in ctx.groups[group]:
-        check.fail("group-member", f"rank {ctx.rank} is not a member of group {group}")
-        return None
-    return group
+        return None, ("group-member", f"rank {ctx.rank} is not a member of group {group}")
+    return group, None
 
 
 def _check_point_to_point(check: NodeCheck) -> None:
@@ -201,24 +215,25 @@ def _check_point_to_point(check: NodeCheck) -> None:
     dst = check.integer("comm_dst", "comm-peer")
     tag = check.integer("comm_tag", "comm-tag")
     size = check.positive("comm_size", "comm-size")
-    for name, peer in (("comm_src", src), ("comm_dst", dst)):
-        if peer is not None and not 0 <= peer < ctx.num_ranks:
-            check.fail("comm-peer", f"{name} {peer} is outside ranks 0..{ctx.num_ranks - 1}")
-    own_name, own = ("comm_src", src) if is_send else ("comm_dst", dst)
-    if own is not None and own != ctx.rank:
-        check.fail("comm-peer", f"{own_name} is {own} but this file is rank {ctx.rank}")
-    if src is not None and src == dst:
-        check.fail("comm-peer", f"comm_src and comm_dst are both {src}")
+    for problem in peer_problems(is_send, src, dst, ctx):
+        check.fail("comm-peer", problem)
     if tag is not None and not _INT32_MIN <= tag <= _INT32_MAX:
         check.fail("comm-tag", f"comm_tag {tag} does not fit int32")
     if None not in (src, dst, tag, size):
         check.comm = PointToPoint(node.id, is_send, src, dst, tag, size)
 
 
-def _type_name(node_type: int) -> str:
-    return pb.NodeType.Name(node_type) if node_type in pb.NodeType.values() else str(node_type)
-
-
-def _comm_name(comm_type: int) -> str:
-    values = pb.CollectiveCommType.values()
-    return pb.CollectiveCommType.Name(comm_type) if comm_type in values else str(comm_type)
+def peer_problems(is_send: bool, src: int | None, dst: int | None, ctx: RankContext) -> list[str]:
+    """What breaks the `comm-peer` rule in a SEND's or RECV's peers (None: not an integer,
+    reported already): each in range, the sender's or receiver's own one this file's rank."""
+    problems = [
+        f"{name} {peer} is outside ranks 0..{ctx.num_ranks - 1}"
+        for name, peer in (("comm_src", src), ("comm_dst", dst))
+        if peer is not None and not 0 <= peer < ctx.num_ranks
+    ]
+    own_name, own = ("comm_src", src) if is_send else ("comm_dst", dst)
+    if own is not None and own != ctx.rank:
+        problems.append(f"{own_name} is {own} but this file is rank {ctx.rank}")
+    if src is not None and src == dst:
+        problems.append(f"comm_src and comm_dst are both {src}")
+    return problems

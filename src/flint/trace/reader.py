@@ -17,7 +17,17 @@ from flint.trace.framing import iter_delimited, load_bytes
 
 _Message = TypeVar("_Message", bound=Message)
 _TRACE_NAME = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et(?:\.gz)?$")
-_GROUP_ID = re.compile(r"^[0-9]+$")
+GROUP_ID_DIGITS = 18
+"""Group ids are decimal strings of at most this many digits, so that they fit 64 bits."""
+_GROUP_ID = re.compile(rf"[0-9]{{1,{GROUP_ID_DIGITS}}}")
+MANIFEST = "manifest.json"
+INTEGER_KINDS = frozenset(
+    f"{kind}_val"
+    for kind in (
+        "int32", "int64", "uint32", "uint64", "sint32", "sint64",
+        "fixed32", "fixed64", "sfixed32", "sfixed64",
+    )
+)
 _LIST_KINDS = frozenset(
     field.name
     for field in et_def_pb2.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields
@@ -107,17 +117,28 @@ def find_traces(
     Several prefixes in one directory are ambiguous, so the caller must then name one.
     Gaps in the rank sequence are not an error here; the contract checker reports them.
     """
+    prefix, ranks = find_rank_files(directory, prefix)
+    return prefix, [ranks[rank] for rank in sorted(ranks)]
+
+
+def find_rank_files(
+    directory: str | os.PathLike[str], prefix: str | None = None
+) -> tuple[str, dict[int, Path]]:
+    """`find_traces` as {rank: file}. The directory is scanned once, without a stat per file,
+    since a trace can have a hundred thousand of them."""
     directory = Path(directory)
     by_prefix: dict[str, dict[int, Path]] = {}
-    for entry in sorted(directory.iterdir()):
-        parsed = parse_trace_name(entry)
-        if parsed is None or not entry.is_file():
-            continue
-        name, rank = parsed
-        ranks = by_prefix.setdefault(name, {})
-        if rank in ranks:
-            raise TraceFormatError(f"rank {rank} has two files: {ranks[rank].name}, {entry.name}")
-        ranks[rank] = entry
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _TRACE_NAME.match(entry.name)
+            if match is None or not entry.is_file():
+                continue
+            ranks = by_prefix.setdefault(match["prefix"], {})
+            rank = int(match["rank"])
+            if rank in ranks:
+                names = ", ".join(sorted((ranks[rank].name, entry.name)))
+                raise TraceFormatError(f"rank {rank} has two files: {names}")
+            ranks[rank] = directory / entry.name
     if prefix is None:
         if len(by_prefix) > 1:
             raise TraceFormatError(
@@ -127,8 +148,7 @@ def find_traces(
     if prefix is None or prefix not in by_prefix:
         wanted = f"'{prefix}.<rank>.et'" if prefix else "'<prefix>.<rank>.et'"
         raise FileNotFoundError(f"{directory}: no {wanted} trace files")
-    ranks = by_prefix[prefix]
-    return prefix, [ranks[rank] for rank in sorted(ranks)]
+    return prefix, by_prefix[prefix]
 
 
 def comm_groups_path(directory: str | os.PathLike[str], prefix: str) -> Path:
@@ -142,22 +162,46 @@ def read_comm_groups(path: str | os.PathLike[str]) -> dict[int, tuple[int, ...]]
     Semantic rules (id 0, singleton groups, rank range, duplicates) need the rank count and
     are left to the contract checker so that it can report all of them at once.
     """
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceFormatError(f"{path}: unreadable comm groups: {exc}") from exc
+    raw = _read_json(path, "comm groups")
     if not isinstance(raw, dict):
         raise TraceFormatError(f"{path}: comm groups must be a JSON object")
     groups: dict[int, tuple[int, ...]] = {}
     for key, ranks in raw.items():
-        if not _GROUP_ID.match(key):
-            raise TraceFormatError(f"{path}: group id {key!r} is not a decimal string")
+        if not _GROUP_ID.fullmatch(key):
+            raise TraceFormatError(
+                f"{path}: group id {key[:40]!r} is not a decimal string of {GROUP_ID_DIGITS} "
+                "digits at most"
+            )
         if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
             raise TraceFormatError(f"{path}: group {key} must be a list of integer ranks")
         if int(key) in groups:
             raise TraceFormatError(f"{path}: group id {int(key)} appears twice")
         groups[int(key)] = tuple(ranks)
     return groups
+
+
+def manifest_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None:
+    """The rank count that a Flint manifest records for trace set `prefix`; None without a manifest,
+    or with one of another set (another producer's trace has none: its files must then do)."""
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return None
+    recorded = _read_json(path, "manifest")
+    if not isinstance(recorded, dict) or recorded.get("name", prefix) != prefix:
+        return None
+    ranks = recorded.get("ranks")
+    if not _is_int(ranks) or ranks < 1:
+        raise TraceFormatError(f"{path}: 'ranks' is {str(ranks)[:40]!r}, not a positive integer")
+    return ranks
+
+
+def _read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """A JSON file's value; anything that makes it unreadable (bytes, syntax, nesting, a number
+    too long to convert) is a format error of the file, not a crash."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise TraceFormatError(f"{path}: unreadable {what}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -224,6 +268,20 @@ def attribute_value(attr: et_def_pb2.AttributeProto) -> Any:
         return None
     value = getattr(attr, kind)
     return list(value.values) if kind in _LIST_KINDS else value
+
+
+def integer_attr(node: et_def_pb2.Node, name: str) -> int | None:
+    """Attribute ``name`` if it holds an integer, else None: a size stored as text or a double
+    (which the contract rejects) counts as absent for tools that add sizes up."""
+    attr = _find_attr(node, name)
+    kind = attr.WhichOneof("value") if attr is not None else None
+    return getattr(attr, kind) if kind in INTEGER_KINDS else None
+
+
+def enum_name(enum: Any, value: int) -> str:
+    """A value's name in a schema enum (`NodeType`, ...), or `<Enum> <value>` for one the schema
+    does not define (a corrupt file, or a newer producer's): tools show it rather than fail on it."""
+    return enum.Name(value) if value in enum.values() else f"{enum.DESCRIPTOR.name} {value}"
 
 
 def _find_attr(node: et_def_pb2.Node, name: str) -> et_def_pb2.AttributeProto | None:

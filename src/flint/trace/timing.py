@@ -3,9 +3,9 @@
 `flint timeline` schedules with these times, `flint inspect` ranks nodes by them and `flint validate`
 sets them beside measured ones, so all three agree on what "heavy" means.
 
-- COMP nodes: `Device.duration_micros(num_ops, tensor_size)`, the same roofline that wrote
-  `duration_micros` and that ASTRA-sim's roofline mode applies; MEM nodes: their bytes at memory
-  bandwidth. A node without those attributes (a foreign trace) keeps its `duration_micros`.
+- COMP nodes: `Device.micros(num_ops, tensor_size)`, unrounded: the roofline whose running sum
+  `duration_micros` follows (`flint.emit.durations`) and that ASTRA-sim's roofline mode applies;
+  MEM nodes: their bytes at memory bandwidth. A node without those attributes (a foreign trace) keeps its `duration_micros`.
 - Collectives over a group of n ranks, ring algorithm, `comm_size` S in Chakra's convention:
   `steps * alpha + moved / bandwidth` with
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from flint.devices import Device
 from flint.schema import et_def_pb2 as pb
-from flint.trace.node_rules import ALL_RANKS, INTEGER_KINDS
-from flint.trace.reader import attr_value, attribute_value, attributes
+from flint.trace.node_rules import ALL_RANKS, parse_group_id
+from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes
 
 DEFAULT_LINK_GBPS = 400.0
 """GB/s (10^9 bytes/s) per rank, about one direction of an H100's NVLink."""
@@ -79,9 +79,9 @@ class NodeTimer:
         attrs = {name: attribute_value(attr) for name, attr in attributes(node).items()
                  if attr.WhichOneof("value") in INTEGER_KINDS}
         if node.type == pb.COMP_NODE and "num_ops" in attrs and "tensor_size" in attrs:
-            return float(self.device.duration_micros(attrs["num_ops"], attrs["tensor_size"]))
+            return self.device.micros(attrs["num_ops"], attrs["tensor_size"])
         if node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE) and "tensor_size" in attrs:
-            return float(self.device.duration_micros(0, attrs["tensor_size"]))
+            return self.device.micros(0, attrs["tensor_size"])
         size = attrs.get("comm_size")
         if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and size is not None:
             return self.link.transfer_micros(1, size)
@@ -95,4 +95,5 @@ class NodeTimer:
 def group_id(node: pb.Node) -> int:
     """A collective's group id; `ALL_RANKS` (0) for `pg_name` absent, "" or "0"."""
     name = attr_value(node, "pg_name")
-    return int(name) if isinstance(name, str) and name.isascii() and name.isdigit() else ALL_RANKS
+    group = parse_group_id(name) if isinstance(name, str) else None
+    return ALL_RANKS if group is None else group
