@@ -23,14 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-MODEL = Path(__file__).resolve().parent / "gpt_at_scale.py"
-TENSOR = 8
-TOPOLOGIES = {
-    4096: ("tpu:v5p:16x16x16", 1),
-    32768: ("tpu:v5p:16x16x32", 4),
-    131072: ("tpu:v5p:16x16x32", 16),
-}
-"""`--backend` and `--slices` per rank count, as in `bench/scale.py`."""
+from scale import MODEL, TENSOR
+from scale import TPU_TOPOLOGIES as TOPOLOGIES  # `--backend` and `--slices` per rank count
 TARGET = 2000
 """Rank files per second."""
 

@@ -121,3 +121,19 @@ def test_unknown_op_warns_once_and_strict_refuses(tmp_path):
 def test_debug_shows_traceback(tmp_path):
     run = flint("--debug", "extract", MODELS / "raises.py", "--mesh", "2", "-o", tmp_path / "o")
     assert run.returncode != 0 and "Traceback" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("extract", "examples/mlp.py"), ("Missing option '--mesh'", "flint extract --help")),
+        (("extrct",), ("No such command 'extrct'", "flint --help")),
+        (("check", "--rnks", "3", "x"), ("No such option '--rnks'", "--ranks", "flint check --help")),
+    ],
+    ids=["missing-option", "unknown-command", "unknown-option"],
+)
+def test_usage_errors_are_one_line(args, words):
+    run = flint(*args)
+    assert run.returncode == 2
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert all(word in run.stderr for word in words), run.stderr

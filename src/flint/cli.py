@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -27,12 +28,32 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # long paths sta
 stdout = Console(highlight=False, soft_wrap=True)
 
 
+def _usage_error(exc: click.UsageError) -> NoReturn:
+    """A mistyped command line is bad input like any other: one line, exit 2."""
+    command = exc.ctx.command_path if exc.ctx else "flint"
+    stderr.print(f"[bold red]error:[/] {escape(exc.format_message())} (see {command} --help)")
+    sys.exit(2)
+
+
 class FlintGroup(click.Group):
-    """Turns `FlintError` into one line on stderr (exit 2) unless `--debug` asks for the traceback."""
+    """Turns `FlintError` and usage errors into one line on stderr (exit 2), unless `--debug`
+    asks for the traceback; `flint` alone still shows the help."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _usage_error(exc)
         except FlintError as exc:
             if ctx.params.get("debug"):
                 raise
@@ -55,8 +76,8 @@ def main(debug: bool) -> None:
 
     \b
     Quick start:
-      flint extract examples/mlp.py --mesh 8x8 -o traces/
-      flint inspect traces/
+      flint extract examples/mlp.py --mesh 8x8 -o traces/mlp
+      flint inspect traces/mlp
 
     \b
     Exit codes:
