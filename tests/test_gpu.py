@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, MODELS, extract, flint, load_example
+from conftest import EXAMPLES, MODELS, assert_sends_match_receives, extract, flint, load_example, transfers
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, read_comm_groups, read_trace
@@ -283,3 +283,26 @@ def test_fsdp_matmul_flops_are_the_partitioned_modules(fsdp_gpu, tmp_path):
     )
     gemm = sum(attr_value(n, "num_ops") for n in read_trace(out / "fsdp.0.et").nodes if attr_value(n, "kernel") == "gemm")
     assert partitioned <= gemm <= partitioned * 1.02  # plus the element-wise work fused into them
+
+
+def test_pipeline_stages_on_the_gpu_compiler(tmp_path):
+    """`tests/models/pipeline_gpt.py` (16 layers, see tests/test_pipeline.py) on pp=4,tp=2 with the
+    GPU compiler's partitioned module (the default stage when pipelining): rank r = 2s + t sends M
+    activations of bf16 [BATCH/M, SEQ, D_MODEL] to r + 2 unless on the last stage and M gradients
+    back to r - 2 unless on the first; every send has its receive. No memory is reported: the
+    compile is one microbatch of one chunk. The kernel-level stage is refused in one line."""
+    stages, micro, batch, seq, d_model = 4, 8, 16, 128, 256
+    activation = batch // micro * seq * d_model * BF16
+    model = MODELS / "pipeline_gpt.py"
+    flags = ("--strategy", "tp", "--pipeline-stages", str(stages), "--microbatches", str(micro), "--backend", "gpu:h100")
+    summary = extract(model, "pp=4,tp=2", tmp_path / "pp", *flags)
+    assert summary["memory_per_rank"] is None
+    found = transfers(tmp_path / "pp")
+    assert_sends_match_receives(found)
+    for rank, moves in found.items():
+        stage = rank // 2
+        sends = sorted((t.dst, t.size) for t in moves if t.send)
+        expected = [(rank - 2, activation)] * micro * (stage > 0) + [(rank + 2, activation)] * micro * (stage < stages - 1)
+        assert sends == sorted(expected), f"rank {rank}"
+    run = flint("extract", model, "--mesh", "pp=4,tp=2", *flags, "--stage", "optimized", "-o", tmp_path / "x")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and "--stage partitioned" in run.stderr

@@ -249,7 +249,7 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
         output=prepare_output(output, force),
         device=load_device(device_spec),
         name=check_name(name),
-        stage=stage or backend.default_stage,
+        stage=stage or ("partitioned" if pipeline else backend.default_stage),
         dump_ir=dump_ir,
         strict=strict,
         loop_trips=loop_trips,

@@ -164,8 +164,9 @@ def _graph_json(graph: WorkloadGraph, groups: GroupTable) -> str:
 
 def memory_json(request: ExtractRequest, module: PartitionedModule) -> dict | None:
     """Device memory per rank as the compiled executable needs it, beside the device's own where the
-    backend knows it (GPUs), so a layout that does not fit says so."""
-    if module.memory is None:
+    backend knows it (GPUs), so a layout that does not fit says so. A pipelined step has none: what
+    was compiled is one microbatch of one chunk of layers, not what a rank holds."""
+    if module.memory is None or request.pipeline:
         return None
     return module.memory.as_json() | {"device": request.backend.device_memory}
 
@@ -254,9 +255,10 @@ def _stages(
         )
     compiled_mesh = request.mesh
     if request.pipeline:
-        if request.stage != "partitioned" or request.backend != CPU:
+        if request.stage != "partitioned" or request.backend.topology is not None:
             raise FlintError(
-                "--pipeline-stages reads the CPU compiler's partitioned module: drop --stage and --backend"
+                "--pipeline-stages reads the CPU or GPU compiler's partitioned module: use --stage "
+                "partitioned, with --backend cpu or gpu:<gpu>"
             )
         compiled_mesh = stage_mesh(request.mesh, request.pipeline.stage_axis(request.mesh))
     mesh = make_virtual_mesh(compiled_mesh, request.backend)
