@@ -24,10 +24,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, MODELS, assert_sends_match_receives, extract, flint, load_example, transfers
+from conftest import (
+    EXAMPLES,
+    MODELS,
+    assert_sends_match_receives,
+    extract,
+    flint,
+    load_example,
+    matmuls_and_collectives,
+    transfers,
+)
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import attr_value, read_comm_groups, read_trace
+from flint.trace.reader import attr_value, read_trace
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
@@ -62,17 +71,11 @@ def test_kernels_are_one_gemm_per_matmul(mlp_gpu):
 def test_collectives_bf16_and_combined(mlp_gpu):
     out, _ = mlp_gpu
     b, h = mlp.BATCH // DP, mlp.D_HIDDEN // TP
-    groups = read_comm_groups(out / "mlp.comm_groups.json")
     for rank in range(DP * TP):
         d, t = divmod(rank, TP)
         tensor_group = tuple(d * TP + u for u in range(TP))
         data_group = tuple(e * TP + t for e in range(DP))
-        trace = read_trace(out / f"mlp.{rank}.et")
-        found = sorted(
-            (attr_value(n, "comm_type"), attr_value(n, "comm_size"), tuple(groups[int(attr_value(n, "pg_name"))]))
-            for n in trace.nodes
-            if n.type == pb.COMM_COLL_NODE
-        )
+        _, found = matmuls_and_collectives(out, rank)
         assert found == sorted(
             [
                 (pb.ALL_REDUCE, b * mlp.D_MODEL * BF16, tensor_group),
@@ -249,15 +252,8 @@ def fsdp_gpu(tmp_path_factory):
 
 def test_fsdp_collectives_as_the_compiler_combined_them(fsdp_gpu):
     out, _ = fsdp_gpu
-    groups = read_comm_groups(out / "fsdp.comm_groups.json")
     for rank in range(FSDP_DP * FSDP_TP):
-        trace = read_trace(out / f"fsdp.{rank}.et")
-        found = sorted(
-            (attr_value(n, "comm_type"), attr_value(n, "comm_size"), tuple(groups[int(attr_value(n, "pg_name"))]))
-            for n in trace.nodes
-            if n.type == pb.COMM_COLL_NODE
-        )
-        assert found == fsdp_expected(rank), f"rank {rank}"
+        assert matmuls_and_collectives(out, rank)[1] == fsdp_expected(rank), f"rank {rank}"
 
 
 def test_fsdp_argument_memory_is_the_shards(fsdp_gpu):

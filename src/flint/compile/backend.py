@@ -90,7 +90,8 @@ def make_virtual_mesh(spec: MeshSpec, backend: Backend = CPU):
         from jax.sharding import AxisType, Mesh
 
         if backend.gpu is not None:
-            devices = _gpu_devices(spec, backend)
+            _before_backends_start(jax_platforms="cpu")  # JAX itself runs nothing, on no GPU
+            devices = gpu_devices(spec.size, backend.gpu)
         elif backend.topology is not None:
             devices = _tpu_devices(spec, backend)
         else:
@@ -125,14 +126,16 @@ def _quiet_native_stderr() -> Iterator[None]:
             os.close(saved)
 
 
-def _gpu_devices(spec: MeshSpec, backend: Backend) -> list:
+def _before_backends_start(**settings) -> None:
+    """JAX options that take effect only before it starts its backends. Where they have started
+    (a library user calling Flint twice), the devices they made are used as they are."""
     import jax
 
-    try:
-        jax.config.update("jax_platforms", "cpu")  # JAX itself runs nothing, on no GPU
-    except RuntimeError:
-        pass  # backends already exist, which is fine for compile-only devices
-    return gpu_devices(spec.size, backend.gpu, str(backend))
+    for name, value in settings.items():
+        try:
+            jax.config.update(name, value)
+        except RuntimeError:
+            pass
 
 
 def _cpu_devices(spec: MeshSpec) -> list:
@@ -146,11 +149,7 @@ def _cpu_devices(spec: MeshSpec) -> list:
         )
     import jax
 
-    try:
-        jax.config.update("jax_platforms", "cpu")
-        jax.config.update("jax_num_cpu_devices", spec.size)
-    except RuntimeError:
-        pass  # backends already exist; reuse their devices below
+    _before_backends_start(jax_platforms="cpu", jax_num_cpu_devices=spec.size)
     devices = jax.devices("cpu")
     if len(devices) < spec.size:
         raise FlintError(
@@ -171,13 +170,9 @@ def _tpu_devices(spec: MeshSpec, backend: Backend) -> list:
     # let libtpu query a metadata server and warn that there is none. Neither changes the topology.
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", backend.topology.partition(":")[0] + "-8")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    import jax
     from jax.experimental import topologies
 
-    try:
-        jax.config.update("jax_platforms", "cpu")  # JAX itself runs nothing, on no TPU
-    except RuntimeError:
-        pass  # backends already exist, which is fine for a compile-only topology
+    _before_backends_start(jax_platforms="cpu")  # JAX itself runs nothing, on no TPU
     try:
         topology = topologies.get_topology_desc(
             backend.topology, "tpu", num_slices=backend.slices

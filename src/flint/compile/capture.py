@@ -2,8 +2,10 @@
 
 The module right after the SPMD partitioner is device-agnostic: per-rank shapes, explicit collectives,
 dtypes exactly as the model wrote them. Later CPU passes (float normalisation, fusion for the host) would
-leak the virtual devices' quirks into the trace, so the default stage stops there. XLA hands that module
-out only through its dump facility, so compilation runs with a private dump directory.
+leak the virtual devices' quirks into the trace, so on the CPU and TPU backends the default stage
+stops there; the GPU compiler's optimised module is its kernels, the default on GPU backends. XLA
+hands these modules out only through its dump facility, so compilation runs with a private dump
+directory.
 """
 
 from __future__ import annotations

@@ -115,16 +115,12 @@ def topology(ranks: int) -> str:
     return f"1x1x{ranks}"
 
 
-def require_plugin(backend: str) -> None:
+def gpu_devices(ranks: int, name: str) -> list:
+    """Compile-only devices of a cluster of `ranks` GPUs of one kind."""
     if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
         raise FlintError(
-            f"--backend {backend} needs XLA's GPU compiler: pip install 'flint-traces[gpu]'"
+            f"--backend gpu:{name} needs XLA's GPU compiler: pip install 'flint-traces[gpu]'"
         )
-
-
-def gpu_devices(ranks: int, name: str, backend: str) -> list:
-    """Compile-only devices of a cluster of `ranks` GPUs of one kind."""
-    require_plugin(backend)
     config = target_config(name)
     from jax.experimental import topologies
 
@@ -134,6 +130,6 @@ def gpu_devices(ranks: int, name: str, backend: str) -> list:
         )
     except Exception as exc:  # the plugin reports a bad config as JaxRuntimeError
         raise FlintError(
-            f"--backend {backend}: XLA rejected the GPU target: {str(exc).splitlines()[0]}"
+            f"--backend gpu:{name}: XLA rejected the GPU target: {str(exc).splitlines()[0]}"
         ) from None
     return list(described.devices)

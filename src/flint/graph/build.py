@@ -176,20 +176,25 @@ class _Builder:
     def add(self, op: Op, attributes: dict, opcode: str | None = None) -> None:
         node = self.graph.number_of_nodes()
         self.graph.add_node(node, name=op.name, op=opcode or op.opcode, **attributes)
-        data = self.deps(op.operands)
-        for dep in sorted(data):
-            self.graph.add_edge(dep, node)
+        data = self.wire(op, node)
         if self.scheduled:
             for dep in sorted(self.last - data):
                 self.graph.add_edge(dep, node, ctrl=True)
             self.last = frozenset((node,))
-        for value in op.results:
-            self.producers[value] = frozenset((node,))
         if self.top_loop is not None:
             self.loop_of[node] = self.top_loop
+
+    def wire(self, op: Op, node: int) -> frozenset[int]:
+        """Make `node` read `op`'s operands and stand for its results; the nodes it now follows."""
+        data = self.deps(op.operands)
+        for dep in sorted(data):
+            self.graph.add_edge(dep, node)
+        for value in op.results:
+            self.producers[value] = frozenset((node,))
         read = self.read(op.operands)
         if read:
-            self.reads[node] = read
+            self.reads[node] = self.reads.get(node, frozenset()) | read
+        return data
 
     def track_value(self, op: Op) -> None:
         """Fold `op` if it is integer arithmetic on known values (`flint.ir.folding`): loop bounds and
@@ -286,19 +291,13 @@ class _Builder:
         if piece in pieces:  # the first piece met, in this walk of its region
             self.combining[name] = (self.graph.number_of_nodes(), {piece})
             return False
-        deps = self.deps(op.operands)
-        if any(dep > last for dep in deps):  # keep node keys a topological order
+        if any(dep > last for dep in self.deps(op.operands)):  # keep node keys a topological order
             return False
         pieces.add(piece)
         node = self.graph.nodes[last]
         node["bytes"] += attributes["bytes"]
         node["comm_bytes"] += attributes["comm_bytes"]
-        for dep in sorted(deps):
-            self.graph.add_edge(dep, last)
-        for value in op.results:
-            self.producers[value] = frozenset((last,))
-        if self.read(op.operands):
-            self.reads[last] = self.reads.get(last, frozenset()) | self.read(op.operands)
+        self.wire(op, last)
         return True
 
     def region(self, region: Region) -> None:
