@@ -76,8 +76,8 @@ def main(debug: bool) -> None:
 
     \b
     Quick start:
-      flint extract examples/mlp.py --mesh 8x8 -o traces/mlp
-      flint inspect traces/mlp
+      flint extract examples/mlp.py --mesh 8x8 -o mlp-traces
+      flint inspect mlp-traces
 
     \b
     Exit codes:
