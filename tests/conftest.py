@@ -38,12 +38,14 @@ class Run:
     stderr: str
 
 
-def flint(*args: str, cwd: Path | None = None) -> Run:
+def flint(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Run:
+    """Run `flint ARGS` in a fresh process; `env` replaces the environment (None: inherit it)."""
     done = subprocess.run(
         [sys.executable, "-m", "flint", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env=env,
         timeout=600,
     )
     return Run(done.returncode, done.stdout, done.stderr)

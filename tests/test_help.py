@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from flint.cli import main
 
-COMMANDS = ("check", "extract", "graph", "inspect", "timeline", "validate")
+COMMANDS = ("check", "extract", "graph", "inspect", "simulate", "timeline", "validate")
 
 
 def help_text(*args: str, columns: int) -> str:

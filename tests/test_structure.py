@@ -29,6 +29,7 @@ LAYERS = [
     {"isolation"},
     {"pipeline"},
     {"analysis"},
+    {"simulate"},
     {"cli"},
     {"launch"},
     {"__main__"},

@@ -485,6 +485,60 @@ def timeline(directory, output, plot, prefix, as_json, device_spec, link_gbps, l
 
 
 @main.command()
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
+              help="Network: hgx (8-GPU NVLink nodes, 50 GB/s scale-out), nvl72 (72-GPU NVLink domains), "
+                   "flat (one switch), or an ASTRA-sim network .yml.")
+@click.option("--roofline", is_flag=True,
+              help="Let ASTRA-sim time compute from FLOPs and bytes (its roofline mode) instead of "
+                   "replaying each node's duration.")
+@click.option("--device", "device_spec", metavar="DEVICE",
+              help=f"Roofline device: {', '.join(BUILTIN)}, or a JSON spec file [default: the trace's].")
+@click.option("--system", type=click.Path(path_type=Path, dir_okay=False), metavar="JSON",
+              help="ASTRA-sim system keys that replace Flint's (scheduling, chunking, collective algorithms).")
+@click.option("--astra-sim", "simulator", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
+              help="ASTRA-sim's AstraSim_Analytical_Congestion_Unaware binary (or a wrapper) "
+                   "[default: $ASTRA_SIM, else astra-sim on PATH].")
+@click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
+              help="Where ASTRA-sim's inputs, logs and result.json go [default: DIRECTORY/astra-sim].")
+@click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
+@click.option("--estimate/--no-estimate", default=True, show_default=True,
+              help="Also schedule the trace with flint timeline's model on the same network.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop ASTRA-sim after this long.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def simulate(directory, network, roofline, device_spec, system, simulator, output, prefix, estimate, timeout,
+             as_json):
+    """Simulate one step on a machine with ASTRA-sim.
+
+    Writes ASTRA-sim's system, network and memory files for the trace in DIRECTORY: one network
+    dimension per tier of the --network (the mesh's innermost axes on the fastest), the device from
+    the trace's manifest. Runs ASTRA-sim and reports the step (the slowest rank) and where each
+    rank's time went, beside flint timeline's estimate. Without ASTRA-sim it writes the files and
+    prints the command to run.
+
+    \b
+      flint simulate traces/mlp
+      flint simulate traces/gpt --network my-cluster.yml --roofline --json
+    """
+    from flint.simulate import SimulateRequest
+    from flint.simulate import simulate as run_simulation
+    from flint.simulate.view import simulation_view
+
+    _trace_set(directory, prefix)
+    request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
+                              system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
+                              timeout=timeout)
+    with _progress(as_json) as bars:
+        task = bars.add_task("simulating ranks", total=None)
+        result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))
+    if as_json:
+        click.echo(json.dumps(result.as_json(), indent=2))
+    else:
+        stdout.print(simulation_view(result))
+
+
+@main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--mesh", "mesh_spec", required=True, metavar="MESH", help="Virtual device mesh, as for extract.")
 @click.option("--traces", type=click.Path(path_type=Path, file_okay=False, exists=True),

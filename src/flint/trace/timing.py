@@ -25,7 +25,7 @@ concurrent transfers, so communication times are a lower bound.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flint.devices import Device
@@ -60,19 +60,30 @@ class Link:
 
 @dataclass(frozen=True)
 class NodeTimer:
-    """Times the nodes of one trace set; `groups` maps a `pg_name` id to its ranks."""
+    """Times the nodes of one trace set; `groups` maps a `pg_name` id to its ranks. With
+    `link_among`, traffic among some ranks takes the link it returns for them (a network whose
+    tiers differ), else `link`."""
 
     device: Device
     link: Link
     groups: Mapping[int, Sequence[int]]
     num_ranks: int
+    link_among: Callable[[Sequence[int]], Link] | None = None
+
+    def _link(self, ranks: Sequence[int]) -> Link:
+        return self.link_among(ranks) if self.link_among else self.link
 
     def group_size(self, node: pb.Node) -> int | None:
-        """Ranks taking part in a collective, or None for a group the groups file lacks."""
+        """How many ranks take part in a collective, or None for a group the groups file lacks."""
+        ranks = self.group_ranks(node)
+        return None if ranks is None else len(ranks)
+
+    def group_ranks(self, node: pb.Node) -> Sequence[int] | None:
+        """The ranks taking part in a collective, or None for a group the groups file lacks."""
         group = group_id(node)
         if group == ALL_RANKS:
-            return self.num_ranks
-        return len(self.groups[group]) if group in self.groups else None
+            return range(self.num_ranks)
+        return self.groups.get(group)
 
     def micros(self, node: pb.Node) -> float:
         """The node's time in microseconds under the roofline and the link model."""
@@ -84,11 +95,13 @@ class NodeTimer:
             return self.device.micros(0, attrs["tensor_size"])
         size = attrs.get("comm_size")
         if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and size is not None:
-            return self.link.transfer_micros(1, size)
-        n = self.group_size(node) if node.type == pb.COMM_COLL_NODE else None
-        if n and size is not None and attrs.get("comm_type") in _RING:
+            peers = [attrs[k] for k in ("comm_src", "comm_dst") if k in attrs]
+            return self._link(peers).transfer_micros(1, size)
+        ranks = self.group_ranks(node) if node.type == pb.COMM_COLL_NODE else None
+        if ranks and size is not None and attrs.get("comm_type") in _RING:
             steps, moved = _RING[attrs["comm_type"]]
-            return self.link.transfer_micros(steps(n), moved(n, size))
+            n = len(ranks)
+            return self._link(ranks).transfer_micros(steps(n), moved(n, size))
         return float(node.duration_micros)
 
 

@@ -1,0 +1,151 @@
+"""`flint simulate`: from a trace directory to the step time ASTRA-sim gives it on a machine.
+
+The machine is read from the trace's manifest (its mesh axes lay the network's dimensions out, its
+device sets the roofline) and the request (network preset or file, replay or roofline). Beside the
+simulator's result stands `flint timeline`'s estimate for the same trace and network (alpha-beta
+links, no contention), so a user sees how far the simple model is from the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from flint.analysis.timeline import load_timeline
+from flint.devices import Device, load_device
+from flint.errors import FlintError
+from flint.simulate.inputs import SimulationInputs, read_system_overrides
+from flint.simulate.network import Network, network_for
+from flint.simulate.run import RankResult, find_simulator, run_simulator
+from flint.trace.errors import TraceFormatError
+from flint.trace.reader import MANIFEST, comm_groups_path, locate_traces, parse_trace_name
+from flint.trace.timing import Link, NodeTimer
+
+RESULT = "result.json"
+"""The report's file in the simulation's directory."""
+
+
+@dataclass(frozen=True)
+class SimulateRequest:
+    """What to simulate and on what: `network` is a preset name or an ASTRA-sim YAML file;
+    `device` (a name or a JSON spec) overrides the manifest's; `output` holds ASTRA-sim's inputs
+    and logs (default: DIR/astra-sim); `system` is a JSON file of ASTRA-sim system keys that
+    replace Flint's."""
+
+    directory: Path
+    network: str = "hgx"
+    roofline: bool = False
+    device: str | None = None
+    system: Path | None = None
+    simulator: str | None = None
+    output: Path | None = None
+    prefix: str | None = None
+    estimate: bool = True
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The outcome: the inputs written, and the simulator's per-rank times if it ran."""
+
+    inputs: SimulationInputs
+    simulator: Path | None
+    ranks: Sequence[RankResult]
+    estimate_us: float | None
+    known_issue: str | None
+
+    @property
+    def ran(self) -> bool:
+        return bool(self.ranks)
+
+    @property
+    def slowest(self) -> RankResult | None:
+        return max(self.ranks, key=lambda r: (r.wall, -r.rank), default=None)
+
+    def as_json(self) -> dict:
+        slowest = self.slowest
+        return {
+            "trace": str(self.inputs.workload.parent),
+            "ranks": self.inputs.network.npus,
+            "network": self.inputs.network.as_json(),
+            "device": self.inputs.device.name,
+            "mode": "roofline" if self.inputs.roofline else "replay",
+            "simulator": str(self.simulator) if self.simulator else None,
+            "command": self.inputs.shell_command(self.simulator or "astra-sim"),
+            "files": {key: str(path) for key, path in self.inputs.files.items()},
+            "step_us": slowest.wall / 1e3 if slowest else None,
+            "slowest_rank": slowest.rank if slowest else None,
+            "timeline_estimate_us": self.estimate_us,
+            "known_issue": self.known_issue,
+            "per_rank": [r.as_json() for r in self.ranks],
+        }
+
+
+def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] = lambda done, total: None
+             ) -> Simulation:
+    """Write ASTRA-sim's inputs for the trace, run it if there is one, and read the results."""
+    try:
+        files = locate_traces(request.directory, request.prefix)
+    except (FileNotFoundError, TraceFormatError) as exc:
+        raise FlintError(f"{exc}: give a directory written by `flint extract`") from None
+    prefix = parse_trace_name(files.paths[0])[0]
+    manifest = _manifest(request.directory, prefix)
+    axes = _mesh_axes(manifest, files.num_ranks)
+    device = load_device(request.device or manifest.get("device", {}).get("name", "h100"))
+    network = network_for(request.network, axes)
+    groups_file = comm_groups_path(request.directory, prefix)
+    inputs = SimulationInputs(  # absolute: ASTRA-sim runs in the inputs' directory
+        directory=(request.output or request.directory / "astra-sim").resolve(),
+        workload=request.directory.resolve() / prefix,
+        groups=groups_file.resolve() if groups_file.exists() else None,
+        network=network,
+        device=device,
+        roofline=request.roofline,
+        system_overrides=read_system_overrides(request.system) if request.system else {},
+    )
+    inputs.write()
+    simulator = find_simulator(request.simulator)
+    estimate = _estimate(request, device, network) if request.estimate else None
+    if simulator is None:
+        return Simulation(inputs, None, [], estimate, None)
+    multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
+    run = run_simulator(inputs.command(simulator), inputs.directory, files.num_ranks, multi_group,
+                        lambda done: on_progress(done, files.num_ranks), request.timeout)
+    known = None
+    if run.returncode != 0:
+        known = (f"ASTRA-sim crashed at teardown (exit {run.returncode}) after every rank finished: a "
+                 "known upstream issue with ranks in two or more communicator groups; the results are complete")
+    simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimate, known)
+    (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
+    return simulation
+
+
+def _manifest(directory: Path, prefix: str) -> dict:
+    """Flint's manifest of this trace set, or {} for another producer's trace."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise FlintError(f"cannot read {path}: {exc}") from None
+    return manifest if isinstance(manifest, dict) and manifest.get("name", prefix) == prefix else {}
+
+
+def _mesh_axes(manifest: dict, num_ranks: int) -> list[tuple[str, int]]:
+    """The mesh's (axis, size) pairs, outermost first; one axis of every rank without a manifest."""
+    mesh = manifest.get("mesh") or {}
+    names, shape = mesh.get("axis_names"), mesh.get("shape")
+    if isinstance(names, list) and isinstance(shape, list) and len(names) == len(shape):
+        return list(zip(names, shape))
+    return [("ranks", num_ranks)]
+
+
+def _estimate(request: SimulateRequest, device: Device, network: Network) -> float:
+    """`flint timeline`'s step time for the trace on `network` (each group's slowest link)."""
+    timeline = load_timeline(
+        request.directory, request.prefix,
+        lambda groups, num_ranks: NodeTimer(device, Link(), groups, num_ranks, network.link_for),
+    )
+    return timeline.step

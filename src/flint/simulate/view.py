@@ -1,0 +1,45 @@
+"""The terminal view of a simulation: the step, where each rank's time went, and how to rerun it."""
+
+from __future__ import annotations
+
+from statistics import fmean
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from flint.simulate.simulation import Simulation
+
+
+def simulation_view(simulation: Simulation) -> Group:
+    inputs = simulation.inputs
+    network = ", ".join(
+        f"{'+'.join(d.axes) or 'ranks'} {d.npus} at {d.bandwidth_gbps:g} GB/s" for d in inputs.network.dimensions
+    )
+    mode = "roofline" if inputs.roofline else "replay"
+    lines: list = [Text(f"{inputs.workload.name}: {inputs.network.npus} ranks on {inputs.network.name} "
+                        f"({network}), {mode}, {inputs.device.name}")]
+    estimate = simulation.estimate_us
+    if not simulation.ran:
+        lines.append(Text("ASTRA-sim not found (give --astra-sim PATH or set ASTRA_SIM): its inputs are in "
+                          f"{inputs.directory}; run"))
+        lines.append(Text("  " + inputs.shell_command("astra-sim")))
+        if estimate is not None:
+            lines.append(Text(f"flint timeline's estimate of the step: {estimate:,.1f} µs"))
+        return Group(*lines)
+    slowest = simulation.slowest
+    beside = f"   (flint timeline's estimate: {estimate:,.1f} µs)" if estimate is not None else ""
+    lines.append(Text(f"step {slowest.wall / 1e3:,.1f} µs (slowest rank {slowest.rank}){beside}"))
+    table = Table(box=None, padding=(0, 2))
+    table.add_column("per rank, µs")
+    for column in ("min", "mean", "max"):
+        table.add_column(column, justify="right")
+    for label, value in (("step", lambda r: r.wall), ("compute", lambda r: r.compute),
+                         ("exposed communication", lambda r: r.exposed), ("idle", lambda r: r.idle)):
+        values = [value(r) / 1e3 for r in simulation.ranks]
+        table.add_row(label, *(f"{v:,.1f}" for v in (min(values), fmean(values), max(values))))
+    lines.append(table)
+    if simulation.known_issue:
+        lines.append(Text(f"note: {simulation.known_issue}", style="yellow"))
+    lines.append(Text(f"ASTRA-sim's inputs, output and result.json are in {inputs.directory}"))
+    return Group(*lines)

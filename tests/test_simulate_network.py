@@ -1,0 +1,78 @@
+"""`flint simulate`'s network: ASTRA-sim dimensions laid over the mesh, derived by hand.
+
+ASTRA-sim's NPU id varies fastest along network dimension 0, Flint's rank along the mesh's last
+axis, so dimension 0 holds the innermost axes. On `hgx` the first tier is an 8-rank NVLink node
+(400 GB/s, 936.25 ns) and the second the scale-out switch (50 GB/s, 2,000 ns).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flint.errors import FlintError
+from flint.simulate.network import Dimension, network_for
+from flint.trace.timing import Link
+
+NVLINK = ("Switch", 400.0, 936.25)
+SCALE_OUT = ("Switch", 50.0, 2000.0)
+
+
+def dims(*rows):
+    return tuple(Dimension(topology, npus, bw, lat, axes) for (topology, bw, lat), npus, axes in rows)
+
+
+@pytest.mark.parametrize(
+    "axes, expected",
+    [
+        # 8 ranks: one node holds tensor (4) and data (2)
+        ([("data", 2), ("tensor", 4)], dims((NVLINK, 8, ("tensor", "data")))),
+        # 16 ranks: tensor 4 and half of data in a node; data's high factor 2 across nodes
+        ([("data", 4), ("tensor", 4)], dims((NVLINK, 8, ("tensor", "data")), (SCALE_OUT, 2, ("data",)))),
+        # 256 ranks: tensor 8 fills a node; data 8 x pp 4 = 32 nodes
+        ([("pp", 4), ("data", 8), ("tensor", 8)],
+         dims((NVLINK, 8, ("tensor",)), (SCALE_OUT, 32, ("data", "pp")))),
+        # an axis of 1 takes no place; 3 does not divide a node of 8: all of it goes outside
+        ([("data", 3), ("one", 1), ("tensor", 2)], dims((NVLINK, 2, ("tensor",)), (SCALE_OUT, 3, ("data",)))),
+    ],
+)
+def test_hgx_lays_the_innermost_axes_in_a_node(axes, expected):
+    network = network_for("hgx", axes)
+    assert network.dimensions == expected
+    assert network.npus == math.prod(size for _, size in axes)
+
+
+def test_network_yaml_is_astra_sims_format():
+    network = network_for("hgx", [("data", 4), ("tensor", 4)])
+    rows = [line for line in network.to_yaml().splitlines() if not line.startswith("#")]
+    assert rows == [
+        "topology: [ Switch, Switch ]",
+        "npus_count: [ 8, 2 ]",
+        "bandwidth: [ 400.0, 50.0 ]",
+        "latency: [ 936.25, 2000.0 ]",
+    ]
+
+
+def test_links_follow_the_dimensions_a_group_spans():
+    network = network_for("hgx", [("data", 4), ("tensor", 4)])
+    # ranks 0..3: a tensor group, inside a node; 0, 4: data's low factor, inside; 0, 8: across nodes
+    assert network.dimensions_spanned([0, 1, 2, 3]) == [0]
+    assert network.link_for([0, 4]) == Link(400.0, 0.93625)
+    assert network.dimensions_spanned([0, 4, 8, 12]) == [0, 1]
+    assert network.link_for([0, 4, 8, 12]) == Link(50.0, 2.0)
+
+
+def test_a_yaml_network_must_cover_the_ranks(tmp_path):
+    path = tmp_path / "net.yml"
+    path.write_text("topology: [ Ring, Switch ]\nnpus_count: [ 4, 2 ]\nbandwidth: [ 100, 25 ]\nlatency: [ 500, 1000 ]\n")
+    network = network_for(str(path), [("data", 2), ("tensor", 4)])
+    assert [(d.topology, d.npus, d.bandwidth_gbps, d.latency_ns) for d in network.dimensions] == [
+        ("Ring", 4, 100.0, 500.0), ("Switch", 2, 25.0, 1000.0)]
+    with pytest.raises(FlintError, match="has 8 NPUs .* but the trace has 16 ranks"):
+        network_for(str(path), [("data", 4), ("tensor", 4)])
+    path.write_text("topology: [ Torus ]\nnpus_count: [ 8 ]\nbandwidth: [ 1 ]\nlatency: [ 1 ]\n")
+    with pytest.raises(FlintError, match="'Torus' is not one of Ring, Switch, FullyConnected"):
+        network_for(str(path), [("data", 8)])
+    with pytest.raises(FlintError, match="unknown --network 'dgx': use one of hgx, nvl72, flat or a .yml file"):
+        network_for("dgx", [("data", 8)])
