@@ -1,11 +1,13 @@
 """PyTorch to JAX: a traced torch function becomes a JAX-callable StableHLO module for one device.
 
-The route, all of it maintained code (no table of ATen ops here):
+The route, maintained code but for the few decompositions of `flint.frontend.torch_decompositions`:
 
 1. `make_fx` traces the function over fake tensors (shapes and dtypes, no storage), running torch's
-   own autograd, so a training step's backward is a plain ATen graph;
+   own autograd and the decompositions, so a training step's backward is a plain graph of core
+   ATen ops; slices' backwards get a bounded end (`_clamp_slice_ends`);
 2. `torch.export` re-exports that graph and torch-mlir's FX importer lowers it to StableHLO, with
    every tensor argument a function argument (parameters included: they must stay shardable);
+   torch-mlir's diagnostics are collected, not printed, and a failure becomes `LoweringError`;
 3. the text is parsed in jaxlib's MLIR context, the few `arith.constant`s torch-mlir leaves among
    the StableHLO ops become `stablehlo.constant`s (a portable artifact admits only stable
    dialects), and the module is wrapped as a 1-device
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flint.errors import FlintError
+from flint.frontend.torch_decompositions import decompositions
 
 TORCH_MODULES = ("torch", "torch_mlir")
 
@@ -52,24 +55,117 @@ class TracedStep:
     out_shapes: tuple[tuple[tuple[int, ...], Any], ...]
 
 
+@dataclass
+class LoweringError(Exception):
+    """torch-mlir stopped at `op` (when its diagnostics name one), written at `source`."""
+
+    diagnostic: str
+    op: str | None = None
+    source: str | None = None  # "file.py:LINE 'code'", the innermost frame that made the op
+
+    def __str__(self) -> str:
+        return self.diagnostic
+
+
 def trace_to_stablehlo(fn: Callable[..., Sequence[Any]], inputs: Sequence[Any]) -> TracedStep:
-    """StableHLO of `fn(*inputs)`; `inputs` are fake tensors and `fn` returns a flat tuple."""
+    """StableHLO of `fn(*inputs)`; `inputs` are fake tensors and `fn` returns a flat tuple.
+
+    Attention runs as its math form (matmuls and a softmax, which autograd differentiates), not as
+    a fused CPU kernel whose backward torch-mlir has no lowering for; torch's core ATen
+    decompositions then reduce every composite op (`silu_backward`, `slice_backward`, pooling
+    backwards) to the core set that torch-mlir lowers. Raises `LoweringError` where torch-mlir
+    cannot lower the graph.
+    """
     import warnings
 
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch_mlir import fx
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with warnings.catch_warnings():  # torch's deprecation notices are not the user's business
-        warnings.simplefilter("ignore")
-        graph = make_fx(fn, tracing_mode="fake")(*inputs)
+    with warnings.catch_warnings(), sdpa_kernel(SDPBackend.MATH):
+        warnings.simplefilter("ignore")  # torch's deprecation notices are not the user's business
+        graph = make_fx(
+            fn, decomposition_table=decompositions(), tracing_mode="fake", record_stack_traces=True
+        )(*inputs)
+        _clamp_slice_ends(graph)
         outputs = [node.meta["val"] for node in graph.graph.find_nodes(op="output")[0].all_input_nodes]
         program = torch.export.export(graph, tuple(inputs), strict=False)
-        module = fx.export_and_import(program, output_type="stablehlo", func_name="main")
+        module = _lower(program, graph)
     return TracedStep(
         stablehlo=str(module),
         out_shapes=tuple((tuple(t.shape), t.dtype) for t in outputs),
     )
+
+
+def _lower(program, graph):
+    """torch-mlir's StableHLO of `program`, its diagnostics collected instead of printed."""
+    from torch_mlir import fx, ir
+    from torch_mlir.compiler_utils import TorchMlirCompilerError
+    from torch_mlir.dialects import torch as torch_dialect
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    diagnostics: list[str] = []
+    context.attach_diagnostic_handler(lambda d: diagnostics.append(d.message) or True)
+    try:
+        return fx.export_and_import(
+            program, output_type="stablehlo", fx_importer=FxImporter(context=context), func_name="main"
+        )
+    except TorchMlirCompilerError as exc:
+        raise _lowering_error(diagnostics, str(exc), graph) from None
+
+
+def _lowering_error(diagnostics: list[str], report: str, graph) -> LoweringError:
+    """The op torch-mlir stopped at and where the traced code made it, or its first diagnostic.
+
+    An op without a lowering is a `torch.operator` carrying the ATen name, or an op of the torch
+    dialect that stayed illegal; anything else (`std::bad_alloc`) is reported by torch-mlir as the
+    Python exception of its pass pipeline.
+    """
+    import re
+
+    text = "\n".join(diagnostics)
+    named = re.search(r'name = "torch\.([\w.]+)"', text) or re.search(r"operation '([\w.]+)'", text)
+    if named and named.group(1) != "torch.operator":
+        op = named.group(1).removeprefix("torch.")
+        return LoweringError(diagnostics[0].splitlines()[0], op, _source(graph, op))
+    if diagnostics:
+        return LoweringError(diagnostics[0].splitlines()[0])
+    thrown = re.search(r"^python exception: (.+)$", report, re.MULTILINE)
+    return LoweringError(thrown.group(1) if thrown else report.strip().splitlines()[0])
+
+
+def _source(graph, op: str) -> str | None:
+    """`file.py:LINE 'code'` of the innermost recorded frame that made a node calling `op`."""
+    import re
+
+    for node in graph.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if node.op == "call_function" and str(node.target).startswith(f"{op}.") and trace:
+            frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n +(.+)', trace)
+            if frames:
+                file, line, code = frames[-1]
+                return f"{file.rsplit('/', 1)[-1]}:{line} '{code.strip()}'"
+    return None
+
+
+def _clamp_slice_ends(graph) -> None:
+    """Bound the end of every `slice_scatter` by its dimension's size.
+
+    `x[..., n:]` records its end as 2**63 - 1, and the backward of that slice scatters into zeros
+    over the same range; torch-mlir's StableHLO lowering of a `slice_scatter` materializes its range,
+    so such an end allocates until memory runs out (rotary embeddings' `rotate_half` does this).
+    """
+    import torch
+
+    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.slice_scatter.default):
+        if len(node.args) < 5 or node.args[4] is None:  # (input, src, dim, start, end, step)
+            continue
+        size = node.args[0].meta["val"].shape[node.args[2]]
+        if node.args[4] > size:
+            node.update_arg(4, size)
+    graph.recompile()
 
 
 def _stablehlo_constants(module) -> None:

@@ -8,7 +8,8 @@ A PyTorch model file defines (see `examples/torch_mlp.py`, `examples/torch_gpt.p
     def forward(model, batch): ...         # optional: the inference output (default model(**batch))
     optimizer = "adamw"                    # or "sgd" (training step only)
     optimizer_options = {"lr": 3e-4}       # optional, see OPTIMIZER_DEFAULTS
-    tp_plan = {"layers.*.fc1": "colwise"}  # optional, PyTorch's tensor-parallel idiom
+    tp_plan = {"layers.*.fc1": "colwise"}  # optional, PyTorch's tensor-parallel idiom (default:
+                                           # a transformers model's own `tp_plan`)
     mode = "train"                         # or "forward" (default: "train" when loss_fn exists)
 
 The training step is `step(params, opt, batch) -> (params, opt, loss)` (SGD: no `opt`) and the
@@ -31,7 +32,25 @@ OPTIMIZER_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "sgd": {"lr": 0.01},
     "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
 }
-PLAN_STYLES = ("colwise", "rowwise")
+# Tensor-parallel styles, PyTorch's and Hugging Face's (`config.base_model_tp_plan`), by what they
+# split in a weight: its output features ("colwise"), its input features ("rowwise"), or nothing
+# (None: replicated; gradients are reduced over the tensor axis). How a style lays out activations
+# (gathering an output, splitting an input) is the partitioner's to derive from the weights.
+PLAN_STYLES: Mapping[str, str | None] = {
+    **dict.fromkeys(
+        ("colwise", "colwise_rep", "colwise_gather_output", "packed_colwise", "embedding_colwise"),
+        "colwise",
+    ),
+    **dict.fromkeys(
+        ("rowwise", "rowwise_rep", "rowwise_split_input", "packed_rowwise", "embedding_rowwise"),
+        "rowwise",
+    ),
+    **dict.fromkeys(
+        ("replicated_with_grad_allreduce", "replicate", "all_reduce", "sequence_parallel", "local",
+         "local_params"),
+        None,
+    ),
+}
 
 
 def is_torch_model(module) -> bool:
@@ -111,5 +130,11 @@ def read_model(module, path: Path, where) -> TorchModel:
         forward=getattr(module, "forward", None),
         optimizer=optimizer,
         optimizer_options=options,
-        tp_plan=dict(getattr(module, "tp_plan", {})),
+        tp_plan=dict(_own_plan(net) if getattr(module, "tp_plan", None) is None else module.tp_plan),
     )
+
+
+def _own_plan(net) -> Mapping[str, str]:
+    """A `transformers` model's tensor-parallel plan (its `tp_plan`, keys from the model's root)."""
+    plan = getattr(net, "tp_plan", None)
+    return plan if isinstance(plan, Mapping) else {}

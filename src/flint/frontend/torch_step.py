@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flint.errors import FlintError
-from flint.frontend.torch_bridge import to_exported, trace_to_stablehlo
+from flint.frontend.torch_bridge import LoweringError, to_exported, trace_to_stablehlo
 from flint.frontend.torch_model import TorchModel
 
 
@@ -51,8 +51,45 @@ def _adamw(params, grads, opt, lr, betas, eps, weight_decay):
     return new, {"m": m, "v": v, "count": count}
 
 
-def _torch_step(spec: TorchModel, batch_dtypes: Mapping[str, Any]):
-    """The step as torch code, over {argument name: dict of tensors}."""
+def _tensors(value):
+    """The output of a forward as plain containers of tensors.
+
+    A `transformers` output object (a `ModelOutput`, a mapping of its non-None fields) becomes a
+    dict, and its key/value cache the per-layer `keys` and `values` tensors it holds.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, Mapping):
+        return {name: _tensors(v) for name, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_tensors(v) for v in value]
+    layers = getattr(value, "layers", None)
+    if isinstance(layers, list) and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+        return {"keys": [layer.keys for layer in layers], "values": [layer.values for layer in layers]}
+    raise FlintError(
+        f"the model's output holds a {type(value).__name__}: return tensors (in dicts, lists or "
+        "tuples) from forward(model, batch)"
+    )
+
+
+def _loss(value):
+    """The scalar loss of `loss_fn`'s result: a tensor, or the `loss` of a `transformers` output."""
+    import torch
+
+    loss = value.get("loss") if isinstance(value, Mapping) else value
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise FlintError(
+            f"loss_fn(model, batch) returned a {type(value).__name__} without a scalar loss: return "
+            "the loss (a transformers model computes one when the batch has labels)"
+        )
+    return loss
+
+
+def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]]):
+    """The step as torch code, over {argument name: dict of tensors}; `dtypes` are the model's own
+    dtypes of the batch and buffers, which cross as int32 where they are int64."""
     import jax
     import torch
     from torch.func import functional_call
@@ -71,18 +108,23 @@ def _torch_step(spec: TorchModel, batch_dtypes: Mapping[str, Any]):
     objective = Objective(spec.module, spec.loss_fn or forward)
 
     def run(params, args):
-        state = {f"model.{k}": v for k, v in {**params, **args.get("buffers", {})}.items()}
-        batch = {name: t.to(batch_dtypes[name]) for name, t in args["batch"].items()}
-        return functional_call(objective, state, (batch,))
+        # Copies: a module updating its buffers in place (BatchNorm's running statistics) updates
+        # these, not the step's inputs, which the step never returns.
+        own = {
+            arg: {name: t.to(dtypes[arg][name], copy=True) for name, t in args[arg].items()}
+            for arg in ("batch", "buffers") if arg in args
+        }
+        state = {f"model.{k}": v for k, v in {**params, **own.get("buffers", {})}.items()}
+        return functional_call(objective, state, (own["batch"],))
 
     def infer(args):
         narrow = lambda t: t.to(torch.int32) if t.dtype == torch.int64 else t  # noqa: E731
-        return jax.tree_util.tree_map(narrow, run(args["params"], args))
+        return jax.tree_util.tree_map(narrow, _tensors(run(args["params"], args)))
 
     def train(args):
         params = {name: p.detach().requires_grad_(True) for name, p in args["params"].items()}
         with torch.enable_grad():
-            loss = run(params, args)
+            loss = _loss(run(params, args))
             grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         grads = {
             name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(params.items(), grads)
@@ -106,7 +148,7 @@ def _abstract_args(spec: TorchModel) -> tuple[list[str], list[dict]]:
     buffers = dict(spec.module.named_buffers())
     if buffers:
         names.append("buffers")
-        trees.append(buffers)
+        trees.append({n: torch.empty(t.shape, dtype=_boundary_dtype(t.dtype), device="meta") for n, t in buffers.items()})
     if spec.training and spec.optimizer == "adamw":
         moments = {n: torch.empty(p.shape, dtype=torch.float32, device="meta") for n, p in params.items()}
         names.append("opt")
@@ -134,7 +176,9 @@ def build_step(spec: TorchModel, path: Path, where) -> tuple[Callable, list[str]
     leaves, args_tree = jax.tree_util.tree_flatten(tuple(trees))
     with FakeTensorMode():  # on the CPU: torch-mlir lowers no "meta" device placements
         inputs = [torch.empty(t.shape, dtype=t.dtype) for t in leaves]
-    step = _torch_step(spec, {n: t.dtype for n, t in spec.batch.items()})
+    spec.module.train(spec.training)  # inference runs in eval mode: no dropout, BatchNorm's running stats
+    own = {"batch": spec.batch, "buffers": dict(spec.module.named_buffers())}
+    step = _torch_step(spec, {arg: {n: t.dtype for n, t in tensors.items()} for arg, tensors in own.items()})
     out_tree: list = []
 
     def flat(*tensors):
@@ -158,6 +202,16 @@ def build_step(spec: TorchModel, path: Path, where) -> tuple[Callable, list[str]
 def _trace(flat, inputs, path: Path, where):
     try:
         return trace_to_stablehlo(flat, inputs)
+    except FlintError as exc:
+        raise FlintError(f"{path.name}: {exc}") from exc
+    except LoweringError as exc:
+        if exc.op is None:
+            raise FlintError(f"{path.name}: torch-mlir cannot lower the step to StableHLO: {exc}") from exc
+        at = f" (at {exc.source})" if exc.source else ""
+        raise FlintError(
+            f"{path.name}: torch-mlir cannot lower {exc.op}{at} to StableHLO: write that part of the "
+            "model with other torch ops"
+        ) from exc
     except Exception as exc:
         if _data_dependent(exc):
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]

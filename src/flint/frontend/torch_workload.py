@@ -29,36 +29,61 @@ from flint.mesh import tensor_axis, ways
 def plan_dims(net, plan: Mapping[str, str], path: Path) -> dict[str, int | None]:
     """Parameter name -> the dimension the tensor axis splits (None: replicated), from `plan`.
 
-    As in `torch.distributed.tensor.parallel`: a column-wise `nn.Linear` splits its output features
-    (weight [out, in] dimension 0, and the bias), a row-wise one its input features (weight
-    dimension 1, bias whole); a column-wise `nn.Embedding` splits the embedding dimension, a
-    row-wise one the vocabulary. Module names match by `fnmatch` (`layers.*.fc1`).
+    As in `torch.distributed.tensor.parallel` and `transformers`: a column-wise `nn.Linear` splits
+    its output features (weight [out, in] dimension 0, and the bias), a row-wise one its input
+    features (weight dimension 1, bias whole); a column-wise `nn.Embedding` splits the embedding
+    dimension, a row-wise one the vocabulary. A plan entry may name a parameter (a fused
+    `gate_up_proj`): column-wise splits its next-to-last dimension, row-wise its last. Names match
+    by `fnmatch` (`layers.*.fc1`), from the root or, as in a `transformers` config's
+    `base_model_tp_plan`, from the base model (`model.layers.*.fc1`). A packed style splits the
+    packed dimension in contiguous blocks, not per packed part. Checked before any tracing.
     """
     import torch
 
     dims: dict[str, int | None] = {}
-    modules = dict(net.named_modules())
+    modules, params = dict(net.named_modules()), dict(net.named_parameters())
+    base = getattr(net, "base_model_prefix", "")
     for pattern, style in plan.items():
         if style not in PLAN_STYLES:
-            raise FlintError(f"{path.name}: tp_plan[{pattern!r}] = {style!r}: use colwise or rowwise")
-        matched = [name for name in modules if name and fnmatch.fnmatchcase(name, pattern)]
+            raise FlintError(
+                f"{path.name}: tp_plan[{pattern!r}] = {style!r}: use one of {', '.join(PLAN_STYLES)}"
+            )
+        split = PLAN_STYLES[style]
+        patterns = [pattern] + ([f"{base}.{pattern}"] if base and base in modules else [])
+        matched = [n for n in [*modules, *params] if n and any(fnmatch.fnmatchcase(n, p) for p in patterns)]
         if not matched:
-            raise FlintError(f"{path.name}: tp_plan entry {pattern!r} matches no module of model()")
+            raise FlintError(f"{path.name}: tp_plan entry {pattern!r} matches no module or parameter of model()")
         for name in matched:
+            if name in params:
+                dims[name] = _parameter_dim(split, params[name].dim())
+                continue
             layer = modules[name]
+            if split is None:
+                dims.update({f"{name}.{p}": None for p, _ in layer.named_parameters()})
+                continue
             if isinstance(layer, torch.nn.Linear):
-                weight, bias = (0, 0) if style == "colwise" else (1, None)
+                weight, bias = (0, 0) if split == "colwise" else (1, None)
             elif isinstance(layer, torch.nn.Embedding):
-                weight, bias = (1 if style == "colwise" else 0), None
+                weight, bias = (1 if split == "colwise" else 0), None
             else:
                 raise FlintError(
                     f"{path.name}: tp_plan entry {pattern!r} matches {name}, a "
-                    f"{type(layer).__name__}: only nn.Linear and nn.Embedding can be split"
+                    f"{type(layer).__name__}: only nn.Linear and nn.Embedding modules can be split "
+                    "(or name its parameters)"
                 )
             dims[f"{name}.weight"] = weight
             if getattr(layer, "bias", None) is not None:
                 dims[f"{name}.bias"] = bias
     return dims
+
+
+def _parameter_dim(split: str | None, ndim: int) -> int | None:
+    """The split dimension of a parameter named by the plan: column-wise its output features (the
+    next-to-last dimension, a vector's only one), row-wise its input features (the last; a vector
+    stays whole)."""
+    if split is None or (split == "rowwise" and ndim == 1):
+        return None
+    return ndim - 1 if split == "rowwise" or ndim == 1 else ndim - 2
 
 
 def _mesh_roles(mesh) -> tuple[tuple[str, ...], str | None]:
@@ -85,11 +110,11 @@ def load_torch_workload(module, path: Path, mesh, where):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-
     require_torch(path.name)
     spec = read_model(module, path, where)
+    planned = plan_dims(spec.module, spec.tp_plan, path)
     step, names, trees = build_step(spec, path, where)
-    declared = _tensor_parallel(names, plan_dims(spec.module, spec.tp_plan, path))
+    declared = _tensor_parallel(names, planned)
     data, tensor = _mesh_roles(mesh)
     data_ways = ways(mesh, data)
 

@@ -1,0 +1,109 @@
+"""The ATen decompositions a step is traced with: what torch-mlir lowers to StableHLO.
+
+torch's core ATen decompositions reduce composite ops (`silu_backward`, `slice_backward`,
+`nll_loss_backward`) to the core set. A few core ops have no StableHLO lowering in torch-mlir, so
+they are decomposed further here, into ops it lowers and XLA partitions along the batch:
+
+- `max_pool2d_with_indices` gets every size spelled out as a pair (`F.max_pool2d(x, 2)` gives a
+  kernel [2] and no stride), which torch-mlir's lowering needs; its backward and `avg_pool2d_backward` become, for each window
+  offset, the output gradient's share (all of it where that offset held the maximum; 1/window of
+  it for an average) padded into place at the input positions it came from. torch's own max-pool
+  decompositions gather by computed indices instead, which the partitioner answers by gathering
+  the whole activation across the batch;
+- `empty_permuted` (dropout's random mask) becomes a plain `empty`: StableHLO has no memory layouts.
+"""
+
+from __future__ import annotations
+
+
+def decompositions() -> dict:
+    """The decomposition table for `make_fx`."""
+    import torch
+    from torch._decomp import core_aten_decompositions
+
+    aten = torch.ops.aten
+    return {
+        **core_aten_decompositions(),
+        aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
+        aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
+        aten.avg_pool2d_backward.default: _avg_pool2d_backward,
+        aten.empty_permuted.default: _empty_permuted,
+    }
+
+
+def _empty_permuted(shape, physical_layout, **options):
+    import torch
+
+    return torch.empty(shape, dtype=options.get("dtype"), device=options.get("device"))
+
+
+def _pair(value, default=(1,)) -> tuple[int, int]:
+    value = list(value) or list(default)
+    return (value[0], value[-1])
+
+
+def _max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    """The op itself (NotImplemented) once every size is a pair; `F.max_pool2d(x, 2)` gives [2] and
+    no stride. The dispatcher drops a padding or dilation equal to its default, which stays so."""
+    import torch
+
+    pairs = (_pair(kernel_size), _pair(stride, kernel_size), _pair(padding, (0,)), _pair(dilation))
+    given = tuple(tuple(size) for size in (kernel_size, stride, padding, dilation))
+    if given[:2] == pairs[:2] and given[2] in (pairs[2], (0,)) and given[3] in (pairs[3], (1,)):
+        return NotImplemented
+    return torch.ops.aten.max_pool2d_with_indices.default(x, *pairs, ceil_mode)
+
+
+def _scatter_windows(share, grad, x, kernel_size, stride, padding, dilation=(1,)):
+    """Sum over window offsets (i, j) of `share(i, j)`, an output-shaped tensor, each element added
+    at the input position that offset of its window reads (positions in padding are dropped)."""
+    import torch
+    import torch.nn.functional as F
+
+    (kh, kw), (sh, sw) = _pair(kernel_size), _pair(stride, kernel_size)
+    (ph, pw), (dh, dw) = _pair(padding, (0,)), _pair(dilation)
+    height, width = x.shape[-2:]
+    out_h, out_w = grad.shape[-2:]
+    span_h, span_w = (out_h - 1) * sh + 1, (out_w - 1) * sw + 1
+    rows = max(height + 2 * ph, span_h + (kh - 1) * dh)
+    cols = max(width + 2 * pw, span_w + (kw - 1) * dw)
+    batch = grad.shape[:-2]
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            strided = torch.slice_scatter(grad.new_zeros(*batch, span_h, out_w), share(i, j), -2, 0, span_h, sh)
+            strided = torch.slice_scatter(grad.new_zeros(*batch, span_h, span_w), strided, -1, 0, span_w, sw)
+            placed = F.pad(strided, (j * dw, cols - span_w - j * dw, i * dh, rows - span_h - i * dh))
+            total = placed if total is None else total + placed
+    return total[..., ph : ph + height, pw : pw + width]
+
+
+def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each output gradient goes to the input position its window's maximum came from: `indices`
+    holds it as row * width + column of the input."""
+    import torch
+
+    (sh, sw), (ph, pw) = _pair(stride, kernel_size), _pair(padding, (0,))
+    (dh, dw), width = _pair(dilation), x.shape[-1]
+    out_h, out_w = grad.shape[-2:]
+    rows = torch.arange(out_h, device=grad.device) * sh - ph
+    cols = torch.arange(out_w, device=grad.device) * sw - pw
+
+    def share(i, j):
+        read = (rows[:, None] + i * dh) * width + (cols[None, :] + j * dw)
+        return torch.where(indices == read, grad, 0.0)
+
+    return _scatter_windows(share, grad, x, kernel_size, stride, padding, dilation)
+
+
+def _avg_pool2d_backward(
+    grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None
+):
+    """Each output gradient, divided by the window size, goes to every input position of its
+    window. Where the divisor varies by window (uncounted padding, `ceil_mode`), torch-mlir gets
+    the op as it is (NotImplemented)."""
+    if (ceil_mode or not count_include_pad and any(padding)) and divisor_override is None:
+        return NotImplemented
+    kh, kw = _pair(kernel_size)
+    part = grad / (divisor_override or kh * kw)
+    return _scatter_windows(lambda i, j: part, grad, x, kernel_size, stride, padding)

@@ -1,0 +1,212 @@
+"""Hugging Face `transformers` models as people build them: from a config, default settings.
+
+`examples/hf_llama.py` is a LlamaForCausalLM (V = 256, D = 64, MLP I = 128, L = 2 layers, H = 4
+query heads sharing KV = 2 key/value heads of k = 16, batch B = 4 of S = 16 tokens) whose own
+loss is the step's (its output object's `loss`). Per rank b = B / data ways. Matmuls, by hand:
+
+- per layer, the projections: q [D -> H·k], k and v [D -> KV·k], o [H·k -> D], gate and up
+  [D -> I], down [I -> D]; the attention core: QK^T and PV, 2·b·H·S·S·k each (k and v are
+  repeated to H heads first); then the LM head [D -> V];
+- backward, two matmuls per forward matmul (the input gradient flows down to the embedding).
+
+Collectives under data parallelism (group G) are the gradients' all-reduces, f32 (one per
+parameter: per layer q, o [64·64], k, v [32·64], gate, up, down [128·64] and the two RMSNorm
+vectors [D]; the final norm, the embedding and the LM head [V·D]), the loss (f32) and the count of
+labels it averages over (int64), plus what torch's cross-entropy writes: it picks each token's
+target logit with a gather (and scatters its gradient back) by explicit (row, label) index pairs,
+which the partitioner gathers across the batch (b·S pairs of int64 per rank, twice), and the
+per-token gradient of that pick comes back as a reduce-scatter of [B·S] f32.
+
+With the model's own plan over a tensor group T (2x2 mesh: T = 2, G = 2), the weights of the plan
+are split in two and, as in examples/torch_gpt.py (tests/test_torch.py), torch's attention core
+(a batched matmul over the merged batch and head dimensions) runs on all H heads: q, k and v are
+all-gathered over T in forward, the attention output's gradient in backward.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torch_mlir")
+pytest.importorskip("transformers")
+
+from conftest import EXAMPLES, MODELS, flint, load_example, matmuls_and_collectives  # noqa: E402
+
+from flint.schema import et_def_pb2 as pb  # noqa: E402
+from flint.trace.contract import check_traces  # noqa: E402
+
+AR, AG, RS = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER
+F32, I64 = 4, 8
+LLAMA = EXAMPLES / "hf_llama.py"
+V, D, I, L, H, KV, K = 256, 64, 128, 2, 4, 2, 16
+B, S = 4, 16
+MEMORY_LIMIT = 4 << 30  # bytes of address space: a runaway lowering fails instead of filling the machine
+
+
+def limited(*args: str, patch: str = "") -> subprocess.CompletedProcess:
+    """`flint ARGS` in a process whose address space is capped at MEMORY_LIMIT (inherited by the
+    extraction's forked child); `patch` runs first."""
+    code = (
+        "import resource\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
+        f"{patch}\nfrom flint.cli import main\nmain()"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """examples/hf_llama.py extracted once per mesh, under the memory limit."""
+    cache: dict[str, Path] = {}
+
+    def get(mesh: str) -> Path:
+        if mesh not in cache:
+            out = tmp_path_factory.mktemp("hf_llama") / "traces"
+            done = limited("extract", LLAMA, "--mesh", mesh, "-o", out, "--json")
+            assert done.returncode == 0, done.stderr
+            json.loads(done.stdout)
+            cache[mesh] = out
+        return cache[mesh]
+
+    return get
+
+
+def llama_matmul_flops(b: int, heads: int, tensor: int) -> int:
+    """Per-rank matmul FLOPs of the training step: projections and head split `tensor` ways, the
+    attention core on `heads` heads."""
+    projections = D * H * K + 2 * D * KV * K + H * K * D + 3 * D * I
+    forward = L * (2 * b * S * projections // tensor + 2 * (2 * b * heads * S * S * K)) + 2 * b * S * D * V // tensor
+    return 3 * forward
+
+
+def llama_gradients(tensor: int) -> list[int]:
+    """Bytes of every parameter gradient's all-reduce (f32), each planned weight split `tensor` ways."""
+    layer = [D * H * K, D * KV * K, D * KV * K, H * K * D, D * I, D * I, I * D]
+    sizes = [n * F32 // tensor for n in layer] * L + [D * F32] * (2 * L + 1)
+    return sizes + [V * D * F32 // tensor] * 2  # embedding, LM head
+
+
+def test_config_matches_the_derivation():
+    c = load_example("hf_llama").CONFIG
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (V, D, I, L)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads) == (H, KV, K)
+
+
+def test_llama_training_data_parallel_every_rank(llama):
+    """Default sdpa attention, SiLU (`silu_backward`) and the rotary embedding's backward, under a
+    4 GiB address-space limit; every rank's matmuls and collectives by hand."""
+    directory = llama("2")
+    b, group = B // 2, (0, 1)
+    expected = sorted(
+        [(AR, size, group) for size in llama_gradients(1)]
+        + [(AR, F32, group), (AR, I64, group)]  # loss, label count
+        + [(AG, b * S * 2 * I64, group)] * 2 + [(RS, B * S * F32, group)]
+    )
+    for rank in range(2):
+        assert matmuls_and_collectives(directory, rank) == (
+            llama_matmul_flops(b, H, 1), expected
+        ), f"rank {rank}"
+    assert check_traces(directory) == []
+
+
+def test_llama_own_tensor_parallel_plan(llama):
+    """2x2 without --strategy: the model's `tp_plan` (HF styles embedding_rowwise,
+    colwise_gather_output) splits the weights over T; the data group G reduces the gradients."""
+    directory = llama("2x2")
+    b, h = B // 2, H // 2
+    for rank in range(4):
+        T = (rank // 2 * 2, rank // 2 * 2 + 1)
+        G = (rank % 2, rank % 2 + 2)
+        flops, found = matmuls_and_collectives(directory, rank)
+        assert flops == llama_matmul_flops(b, H, 2), f"rank {rank}"
+        over_g = sorted(c for c in found if c[2] == G)
+        assert over_g == sorted(
+            [(AR, size, G) for size in llama_gradients(2)] + [(AR, F32, G), (AR, I64, G)]
+            + [(AG, b * S * 2 * I64, G)] * 2 + [(RS, B * S * F32, G)]
+        ), f"rank {rank}"
+        gathers = [c for c in found if c[0] == AG and c[2] == T]
+        assert gathers == [(AG, b * h * S * K * F32, T)] * (4 * L), f"rank {rank}"
+        # the loss's max, sum of exponentials and target logit over the vocabulary split
+        assert Counter(c for c in found if c[2] == T)[(AR, b * S * F32, T)] == 3, f"rank {rank}"
+    assert check_traces(directory) == []
+
+
+def test_hugging_face_plan_read_as_layout():
+    """A config's base_model_tp_plan (no `model.` prefix) and HF-only styles, read directly."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from flint.frontend.torch_workload import plan_dims
+
+    config = load_example("hf_llama").CONFIG
+    with torch.device("meta"):
+        net = LlamaForCausalLM(config)
+    dims = plan_dims(net, config.base_model_tp_plan, LLAMA)
+    assert dims["model.layers.1.self_attn.k_proj.weight"] == 0
+    assert dims["model.layers.0.self_attn.o_proj.weight"] == 1
+    assert dims["model.layers.0.mlp.down_proj.weight"] == 1
+    assert len(dims) == 7 * L
+    own = plan_dims(net, net.tp_plan, LLAMA)
+    assert (own["lm_head.weight"], own["model.embed_tokens.weight"]) == (0, 0)
+    styles = {
+        "layers.*.post_attention_layernorm": "replicated_with_grad_allreduce",
+        "layers.0.mlp.up_proj.weight": "packed_colwise",
+    }
+    assert plan_dims(net, styles, LLAMA) == {
+        "model.layers.0.post_attention_layernorm.weight": None,
+        "model.layers.1.post_attention_layernorm.weight": None,
+        "model.layers.0.mlp.up_proj.weight": 0,
+    }
+
+
+def test_gpt2_inference_returns_its_output_object(tmp_path):
+    """GPT-2 with sdpa attention returns a ModelOutput: logits and the key/value cache leave the
+    step. Per rank (b = 2): per layer c_attn [D -> 3D], c_proj [D -> D], the MLP [D -> 4D -> D], QK^T
+    and PV (2·b·S·S·D each over the heads), and the tied head [D -> V]; no collectives."""
+    out = tmp_path / "t"
+    run = flint("extract", MODELS / "hf_gpt2.py", "--mesh", "2", "-o", out, "--json")
+    assert run.returncode == 0, run.stderr
+    b = B // 2
+    per_layer = 2 * b * S * (3 * D * D + D * D + 8 * D * D) + 2 * (2 * b * S * S * D)
+    for rank in range(2):
+        assert matmuls_and_collectives(out, rank) == (L * per_layer + 2 * b * S * D * V, [])
+
+
+def test_unlowerable_op_is_named_with_its_line(tmp_path):
+    run = flint("extract", MODELS / "torch_fft.py", "--mesh", "2", "-o", tmp_path / "t")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: torch_fft.py: torch-mlir cannot lower aten._fft_r2c (at torch_fft.py:13 "
+        "'return self.fc(x) * torch.fft.rfft(x).abs()') to StableHLO: write that part of the model "
+        "with other torch ops"
+    ]
+
+
+def test_out_of_memory_in_lowering_keeps_its_diagnostic(tmp_path):
+    """Without the bound on rotary slices' backward, torch-mlir allocates until the limit: the
+    one-line error keeps `std::bad_alloc`."""
+    patch = "import flint.frontend.torch_bridge as bridge\nbridge._clamp_slice_ends = lambda graph: None"
+    done = limited("extract", LLAMA, "--mesh", "2", "-o", tmp_path / "t", patch=patch)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: hf_llama.py: torch-mlir cannot lower the step to StableHLO: std::bad_alloc"
+    ]
+
+
+def test_plan_on_a_norm_is_refused_before_tracing(tmp_path):
+    run = flint("extract", MODELS / "hf_bad_plan.py", "--mesh", "2x2", "-o", tmp_path / "t")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: hf_bad_plan.py: tp_plan entry 'layers.*.input_layernorm' matches "
+        "model.layers.0.input_layernorm, a LlamaRMSNorm: only nn.Linear and nn.Embedding modules "
+        "can be split (or name its parameters)"
+    ]

@@ -1,0 +1,82 @@
+"""torch layers beyond Linear: convolutions, BatchNorm (its int64 counter buffer) and pooling.
+
+`examples/torch_cnn.py` on a 4-way data mesh, b = 32 / 4 images per rank, by hand:
+
+- convolutions: 2 · b · C_out · H_out · W_out · C_in · 3 · 3 FLOPs each; conv1 (3 -> 16 channels at
+  32x32) and conv2 (16 -> 32 at 16x16, after the max-pool) forward, each one's weight gradient,
+  and conv2's input gradient (the images need none);
+- matmuls: the classifier [2048 -> 10] forward, its weight and its input gradient;
+- collectives: every parameter's gradient all-reduced in f32, and no activation gathered across
+  the batch (the pooling backwards are decomposed without index gathers).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torch_mlir")
+
+from conftest import EXAMPLES, extract, matmuls_and_collectives  # noqa: E402
+
+from flint.schema import et_def_pb2 as pb  # noqa: E402
+from flint.trace.contract import check_traces  # noqa: E402
+from flint.trace.reader import attr_value, read_trace  # noqa: E402
+
+AR, AG = pb.ALL_REDUCE, pb.ALL_GATHER
+F32, I64 = 4, 8
+
+
+def test_cnn_training_step_data_parallel(tmp_path):
+    out = tmp_path / "t"
+    extract(EXAMPLES / "torch_cnn.py", "4", out)
+    b, group = 32 // 4, (0, 1, 2, 3)
+    conv1 = 2 * b * 16 * 32 * 32 * 3 * 9
+    conv2 = 2 * b * 32 * 16 * 16 * 16 * 9
+    fc = 2 * b * 2048 * 10
+    gradients = [16 * 3 * 9, 32 * 16 * 9, 16, 16, 32, 32, 10 * 2048, 10]  # conv, BatchNorm, fc
+    for rank in range(4):
+        flops, found = matmuls_and_collectives(out, rank)
+        assert flops == 3 * fc, f"rank {rank}"
+        trace = read_trace(out / f"torch_cnn.{rank}.et")
+        convs = [attr_value(n, "num_ops") for n in trace.nodes if attr_value(n, "op") == "convolution"]
+        assert sorted(convs) == sorted([conv1, conv1, conv2, conv2, conv2]), f"rank {rank}"
+        reduced = [size for kind, size, g in found if kind == AR and g == group]
+        for size in gradients:
+            assert size * F32 in reduced, f"rank {rank}: gradient of {size} f32 values"
+        # only cross-entropy's (row, label) index pairs are gathered, never an activation
+        assert [c for c in found if c[0] == AG] == [(AG, b * 2 * I64, group)] * 2, f"rank {rank}"
+    assert check_traces(out) == []
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, dilation, ceil_mode",
+    [(2, None, 0, 1, False), (3, 2, 1, 1, False), (3, 1, 1, 2, False), (3, 2, 0, 1, True)],
+)
+def test_pooling_backwards_equal_torch(kernel, stride, padding, dilation, ceil_mode):
+    """The decomposed max- and average-pool backwards give torch's own input gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    from flint.frontend.torch_decompositions import decompositions
+
+    aten = torch.ops.aten
+    table = decompositions()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 8, requires_grad=True)
+    strides = [] if stride is None else [stride]
+    y, indices = F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    grad = torch.randn_like(y)
+    expected, = torch.autograd.grad(y, x, grad)
+    found = table[aten.max_pool2d_with_indices_backward.default](
+        grad, x.detach(), [kernel], strides, [padding], [dilation], ceil_mode, indices
+    )
+    assert torch.allclose(found, expected, atol=1e-6)
+    if dilation == 1 and not ceil_mode:
+        y = F.avg_pool2d(x, kernel, stride, padding)
+        grad = torch.randn_like(y)
+        expected, = torch.autograd.grad(y, x, grad)
+        found = table[aten.avg_pool2d_backward.default](
+            grad, x.detach(), [kernel], strides, [padding], False, True, None
+        )
+        assert torch.allclose(found, expected, atol=1e-6)
