@@ -5,7 +5,8 @@ Usage: ``python schemas/generate.py [OUTPUT_DIR]`` (default: ``src/flint/schema`
 Each proto is compiled from a staging tree at ``flint/schema/<name>.proto`` so that the
 generated classes record ``flint.schema.<name>_pb2`` as their module (messages then pickle,
 e.g. across worker processes) and the descriptor file names cannot clash with another
-package's ``et_def.proto`` in the same descriptor pool. The output depends only on the
+package's ``et_def.proto`` in the same descriptor pool; the protos' own packages (``flint.chakra``,
+``flint.xla``) keep their message names apart likewise. The output depends only on the
 proto text and the grpcio-tools version, so the committed files can be checked by
 regenerating them into a temporary directory and comparing bytes.
 """

@@ -413,7 +413,8 @@ def sliced_all_reduce(table: str, slice_sizes: str = "{8,4}", offsets: str = "o,
 def test_all_reduce_then_own_slice_is_a_reduce_scatter():
     """Ranks 0 and 2 keep rows 8..15, ranks 1 and 3 rows 0..7: each pair splits the sum in two."""
     nodes = [data for _, data in graph_of(sliced_all_reduce("{8, 0, 8, 0}"), ranks=4).nodes()]
-    assert [data["name"] for data in nodes] == ["r", "e"]  # the copy and the slice are the collective's
+    # the copy and the slice are the collective's; the nodes keep the instructions' names as source
+    assert [data["source_op"] for data in nodes] == ["r", "e"]
     node = nodes[0]
     assert (node["op"], node["collective"]) == ("reduce_scatter", "reduce_scatter")
     assert node["groups"] == ((0, 1), (2, 3))

@@ -49,15 +49,15 @@ def test_inspect_json_has_group_sizes_peers_and_heaviest(tmp_path: Path) -> None
     assert run.returncode == 0, run.stderr
     ranks = {s["rank"]: s for s in json.loads(run.stdout)}
     assert ranks[1]["collectives_by_group_size"] == [
-        {"kind": "ALL_GATHER", "group_size": 4, "count": 1, "bytes": 256},
-        {"kind": "ALL_REDUCE", "group_size": 2, "count": 1, "bytes": 1024},
-        {"kind": "BROADCAST", "group_size": 4, "count": 1, "bytes": 64},
+        {"kind": "all_gather", "group_size": 4, "count": 1, "bytes": 256},
+        {"kind": "all_reduce", "group_size": 2, "count": 1, "bytes": 1024},
+        {"kind": "broadcast", "group_size": 4, "count": 1, "bytes": 64},
     ]
     assert ranks[1]["sends_to"] == {"2": {"count": 1, "bytes": 512}} and ranks[1]["recvs_from"] == {}
     assert ranks[2]["recvs_from"] == {"1": {"count": 1, "bytes": 512}} and ranks[2]["sends_to"] == {}
     heaviest = ranks[1]["heaviest"]
     assert [(n["id"], n["type"]) for n in heaviest] == [
-        (5, "BROADCAST"), (3, "ALL_GATHER"), (2, "ALL_REDUCE"), (1, "COMP_NODE"), (4, "COMM_SEND_NODE"),
+        (5, "broadcast"), (3, "all_gather"), (2, "all_reduce"), (1, "comp"), (4, "send"),
     ]
     assert [n["micros"] for n in heaviest] == pytest.approx([10.0, 6.768, 5.024, 4.096, 2.512])
     assert [(n["id"], n["micros"]) for n in ranks[0]["heaviest"]][-1] == (4, pytest.approx(0.128))  # MEM_LOAD
@@ -84,7 +84,7 @@ def test_inspect_one_file_finds_its_groups(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     (summary,) = json.loads(run.stdout)
     assert {(c["kind"], c["group_size"]) for c in summary["collectives_by_group_size"]} == {
-        ("ALL_GATHER", 4), ("ALL_REDUCE", 2), ("BROADCAST", 4)
+        ("all_gather", 4), ("all_reduce", 2), ("broadcast", 4)
     }
 
 
@@ -95,7 +95,7 @@ def test_dot_text_has_every_node_and_dependency(tmp_path: Path) -> None:
         assert f"  n{node_id} [label=" in text
     # valid_trace chains each node to the previous one through ctrl deps
     assert all(f"  n{i} -> n{i + 1} [style=dashed];" in text for i in (1, 2, 3, 4))
-    assert "ALL_REDUCE group 1" in text and "5.0 µs" in text and "SEND 1 -> 2 tag 7" in text
+    assert "all_reduce group 1" in text and "5.0 µs" in text and "comm_send 1 -> 2 tag 7" in text
 
 
 def test_graph_command(tmp_path: Path) -> None:
@@ -129,8 +129,8 @@ def test_inspect_names_what_the_schema_does_not(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["inspect", str(directory), "--json"])
     assert result.exit_code == 0, result.output
     ranks = {s["rank"]: s for s in json.loads(result.stdout)}
-    assert ranks[1]["nodes_by_type"] == {"COMM_COLL_NODE": 3, "COMM_SEND_NODE": 1, "NodeType 82": 1}
-    assert ranks[1]["collectives"]["CollectiveCommType 99"] == {"count": 1, "bytes": 1024}
+    assert ranks[1]["nodes_by_type"] == {"comm_coll": 3, "comm_send": 1, "node_type_82": 1}
+    assert ranks[1]["collectives"]["comm_type_99"] == {"count": 1, "bytes": 1024}
     assert (ranks[0]["flops"], ranks[2]["flops"]) == (0, 1000)
 
 

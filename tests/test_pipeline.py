@@ -212,6 +212,63 @@ def test_manifest_records_the_compiled_activation(traces):
     }
 
 
+ANY_UNIT = re.compile(r"^((?:[FB]\d+|U)\.\d+) ")
+
+
+def ancestors(trace) -> dict[int, int]:
+    """Node id -> the ids it follows through data and ctrl deps, as bits (the file is in
+    dependency order)."""
+    found: dict[int, int] = {}
+    for node in trace.nodes:
+        bits = 0
+        for dep in (*node.data_deps, *node.ctrl_deps):
+            bits |= found[dep] | (1 << dep)
+        found[node.id] = bits
+    return found
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_a_unit_boundary_costs_a_control_edge_per_end_and_first_node(traces, schedule):
+    """Each unit that waits for something begins with a start node (op `unit_start`): it follows
+    the previous unit's ends and what the unit receives, and the unit's first nodes follow it. A
+    rank runs 2MV + V units (its forwards, backwards and per-chunk updates); all wait but the
+    first stage's first forward. Virtual stage v = cS + s receives an activation per microbatch
+    unless v = 0 and a gradient unless v = SV - 1. Every control edge touches a start node, each
+    RECV starts one unit, and a node is the end of at most one boundary and a first node of at
+    most one, so a rank has at most 2 x nodes + RECVs control edges (tying every end of a unit to
+    every first node of the next, as before, cost 59,010 on rank 0 of 1F1B). And the schedule
+    holds as it did: every node of a unit follows, directly or not, every node of the stage's
+    unit before it (the F/B order as `units_in_ctrl_order` reads it, then the updates)."""
+    V = 2 if schedule == "interleaved" else 1
+    directory = traces(schedule)
+    for rank in range(0, 2 * S, 2):
+        stage = rank // 2
+        trace = read_rank(directory, rank)
+        starts = {n.id for n in trace.nodes if attr_value(n, "op") == "unit_start"}
+        assert len(starts) == 2 * M * V + V - (stage == 0), rank
+        ctrl = [(dep, node.id) for node in trace.nodes for dep in node.ctrl_deps]
+        assert all(dep in starts or node in starts for dep, node in ctrl), rank
+        recvs = {n.id for n in trace.nodes if n.type == pb.COMM_RECV_NODE}
+        assert len(recvs) == M * (2 * V - (stage == 0) - (stage == S - 1)), rank
+        assert sum(dep in recvs for dep, _ in ctrl) == len(recvs), rank
+        assert len(ctrl) <= 2 * len(trace.nodes) + len(recvs), rank
+        assert len(ctrl) < sum(len(n.data_deps) for n in trace.nodes), rank  # the product: 3x more
+
+        follows = ancestors(trace)
+        units: dict[str, int] = defaultdict(int)
+        for node in trace.nodes:
+            match = ANY_UNIT.match(node.name)
+            if match:
+                units[match[1]] |= 1 << node.id
+        order = [f"{kind}{m}.{c}" for kind, m, c in units_in_ctrl_order(trace)]
+        order += [f"U.{c}" for c in range(V)]
+        assert sorted(order) == sorted(units), rank
+        for before, after in zip(order, order[1:]):
+            for node in trace.nodes:
+                if units[after] >> node.id & 1:
+                    assert follows[node.id] & units[before] == units[before], (rank, before, after)
+
+
 def test_1f1b_holds_at_most_s_minus_s_microbatches(traces):
     """Peak activations in flight (forwards done, their backwards not yet) along the ctrl order:
     S - s under 1F1B, M under GPipe."""

@@ -46,7 +46,7 @@ def test_inspect_reports_hand_derived_collectives(mlp_traces):
     summaries = json.loads(run.stdout)
     assert [s["rank"] for s in summaries] == list(range(64))
     b, h = 256 // 8, 4096 // 8
-    expected = {"ALL_REDUCE": {"count": 4, "bytes": b * 1024 * BF16 + 2 * 1024 * h * BF16 + F32}}
+    expected = {"all_reduce": {"count": 4, "bytes": b * 1024 * BF16 + 2 * 1024 * h * BF16 + F32}}
     manifest = json.loads((directory / "manifest.json").read_text())
     for summary in summaries:
         assert summary["collectives"] == expected

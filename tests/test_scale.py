@@ -32,6 +32,11 @@ def _attr(name: str, **value) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, **value)
 
 
+def origin(data: dict) -> list[pb.AttributeProto]:
+    """A communication node's op path and source line, where the graph has them."""
+    return [_attr(key, string_val=data[key]) for key in ("source_op", "source") if data.get(key)]
+
+
 def serialized_rank_by_rank(graph: WorkloadGraph, groups_file: Path, metadata: dict, rank: int) -> bytes:
     """`rank`'s file built message by message from the graph and the written group file, the way a
     single-rank writer would: no templates, no caches, nothing shared with other ranks."""
@@ -74,6 +79,7 @@ def serialized_rank_by_rank(graph: WorkloadGraph, groups_file: Path, metadata: d
                     *message.attr,
                     _attr("comm_tag", int32_val=node),
                     _attr("comm_size", int64_val=data["comm_bytes"]),
+                    *origin(data),
                     _attr("comm_src", int32_val=src),
                     _attr("comm_dst", int32_val=dst),
                 ])
@@ -85,6 +91,7 @@ def serialized_rank_by_rank(graph: WorkloadGraph, groups_file: Path, metadata: d
             message.attr.extend([
                 _attr("comm_type", int64_val=COMM_TYPE[data["collective"]]),
                 _attr("comm_size", int64_val=data["comm_bytes"]),
+                *origin(data),
                 _attr("pg_name", string_val=str(group_id[group])),
             ])
             out.append(encode_delimited(message.SerializeToString()))

@@ -39,9 +39,9 @@ def test_numbers_are_whole_at_80_columns(mlp_traces):
                if n.type == pb.COMP_NODE and attr_value(n, "op") not in ("dot", "dot_general")]
     dots = [attr_value(n, "num_ops") for n in rank0 if attr_value(n, "op") in ("dot", "dot_general")]
     assert dots == [matmul] * 5
-    # The matmuls by hand; every other op's FLOPs as the trace says (elementwise ops, 1 per data
-    # movement node).
-    flops = 5 * matmul + sum(compute)
+    # The matmuls by hand; every other op's FLOPs as the trace says (elementwise ops; a data
+    # movement node's num_ops of 1 is no FLOP).
+    flops = 5 * matmul + sum(ops for ops in compute if ops > 1)
     assert flops > 10**9  # 13 characters printed
 
     out = inspect(directory, columns=80)
@@ -49,10 +49,10 @@ def test_numbers_are_whole_at_80_columns(mlp_traces):
     assert not re.search(r"\d…", out), out  # no number cut short
     assert re.search(rf"│ +0 │ +{len(rank0)} │ +{flops:,} │", out), out  # rank, nodes, FLOPs
     # Collective bytes by group size: the tensor group's one, the data group's three.
-    assert re.search(rf"│ ALL_REDUCE +│ +4 │ +1 │ +{b * mlp.D_MODEL * BF16:,} │", out), out
+    assert re.search(rf"│ all_reduce +│ +4 │ +1 │ +{b * mlp.D_MODEL * BF16:,} │", out), out
     data_bytes = 2 * mlp.D_MODEL * h * BF16 + F32
-    assert re.search(rf"│ ALL_REDUCE +│ +2 │ +3 │ +{data_bytes:,} │", out), out
-    assert "ALL_REDUCE 4x" in out  # the per-rank collectives, words whole
+    assert re.search(rf"│ all_reduce +│ +2 │ +3 │ +{data_bytes:,} │", out), out
+    assert "all_reduce 4x" in out  # the per-rank collectives, words whole
     assert "(8 ranks)" in out and "spread across 8 ranks" in out
 
 

@@ -12,11 +12,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from flint.analysis.summary import collective_kind
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import RankTrace, attr_value, enum_name, integer_attr
+from flint.trace.reader import RankTrace, attr_value, integer_attr, transfer_peers
 from flint.trace.timing import NodeTimer
+from flint.trace.vocabulary import collective_name, compute_flops, node_type_name
 
 MAX_NODES = 500
 TEXT_SUFFIXES = (".dot", ".gv")
@@ -40,7 +40,7 @@ def to_dot(trace: RankTrace, timer: NodeTimer) -> str:
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
     ]
     for node in trace.nodes:
-        label = "\n".join((f"{node.id}: {_short(node.name)}", _kind(node), _cost(node),
+        label = "\n".join((f"{node.id}: {_short(node.name)}", _kind(node, trace.rank), _cost(node),
                            f"{timer.micros(node):,.1f} µs"))
         lines.append(f'  n{node.id} [label="{_escape(label)}", fillcolor="{_FILL.get(node.type, "white")}"];')
     for node in trace.nodes:
@@ -80,20 +80,22 @@ def write_graph(trace: RankTrace, timer: NodeTimer, path: str | os.PathLike[str]
         raise FlintError(f"dot failed on rank {trace.rank}'s graph: {message}")
 
 
-def _kind(node: pb.Node) -> str:
+def _kind(node: pb.Node, rank: int) -> str:
     if node.type == pb.COMM_COLL_NODE:
-        return f"{collective_kind(node)} group {attr_value(node, 'pg_name') or 'all'}"
-    name = enum_name(pb.NodeType, node.type).removesuffix("_NODE")
+        comm_type = integer_attr(node, "comm_type")
+        return f"{collective_name(comm_type)} group {attr_value(node, 'pg_name') or 'all'}"
+    name = node_type_name(node.type)
     if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
-        peers = f"{attr_value(node, 'comm_src')} -> {attr_value(node, 'comm_dst')}"
-        return f"{name} {peers} tag {attr_value(node, 'comm_tag')}"
+        src, dst = transfer_peers(node, rank)
+        return f"{name} {src} -> {dst} tag {attr_value(node, 'comm_tag')}"
     op = attr_value(node, "op")
     return f"{name} {op}" if op else name
 
 
 def _cost(node: pb.Node) -> str:
     if node.type == pb.COMP_NODE:
-        flops, nbytes = integer_attr(node, "num_ops") or 0, integer_attr(node, "tensor_size") or 0
+        flops = compute_flops(integer_attr(node, "num_ops") or 0)
+        nbytes = integer_attr(node, "tensor_size") or 0
         return f"{flops:,} FLOPs, {nbytes:,} B"
     if node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
         return f"{integer_attr(node, 'tensor_size') or 0:,} B"

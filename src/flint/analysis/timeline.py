@@ -14,7 +14,10 @@ simulation with node times from `flint.trace.timing` (roofline compute, alpha-be
 Each node is one slice of exactly its own duration, so a rank's busy time is the sum of its node
 times; waiting for partners shows up as gaps. The result converts to Chrome trace-event JSON
 (`ui.perfetto.dev`, `chrome://tracing`): one process per rank, a compute thread and as many
-communication threads as transfers overlap.
+communication threads as transfers overlap. Flow arrows join each SEND to the RECV it matched and
+the members of each collective across ranks, in rank order; a pipelined trace's nodes are grouped
+under a parent slice per pipeline unit (`F3.0`, `B3.0`, `U.0`, from their names); and the trace's
+metadata (`otherData`) holds each rank's summary.
 """
 
 from __future__ import annotations
@@ -27,13 +30,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flint.errors import FlintError
+from flint.pipelining import UNIT_NAME
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.node_rules import ALL_RANKS
-from flint.trace.reader import RankTrace, attr_value, attribute_value, enum_name, read_trace_set
+from flint.trace.reader import (
+    RankTrace,
+    attr_value,
+    attribute_value,
+    enum_name,
+    read_trace_set,
+    transfer_peers,
+)
 from flint.trace.timing import NodeTimer, group_id
 
-COMPUTE, COMM = "compute", "comm"
+COMPUTE, COMM, UNIT = "compute", "comm", "unit"
+SEND_RECV, COLLECTIVE = "send/recv", "collective"
+"""The names of the two kinds of flow arrows."""
 _COMPUTE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
 
 
@@ -74,12 +87,20 @@ class RankTime:
         }
 
 
+Member = tuple[int, int]
+"""A node of one rank: (rank, node id)."""
+
+
 @dataclass(frozen=True)
 class Timeline:
-    """The scheduled step: every node's slice and each rank's totals."""
+    """The scheduled step: every node's slice and each rank's totals; which SEND each RECV
+    matched (`transfers`, SEND first) and which nodes ran each collective together (`collectives`,
+    by rank)."""
 
     slices: list[Slice]
     ranks: list[RankTime]
+    transfers: list[tuple[Member, Member]] = field(default_factory=list)
+    collectives: list[tuple[Member, ...]] = field(default_factory=list)
 
     @property
     def step(self) -> float:
@@ -87,20 +108,22 @@ class Timeline:
 
 
 def load_timeline(
-    directory: str | os.PathLike[str], prefix: str | None, timer_for
+    directory: str | os.PathLike[str], prefix: str | None, timer_for,
+    groups_file: str | os.PathLike[str] | None = None,
 ) -> Timeline:
-    """Check and read a trace directory, then schedule it.
+    """Check and read a trace directory (its groups from `groups_file` where one is named), then
+    schedule it.
 
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
-    that breaks the contract is refused: its collectives or SEND/RECVs might never match up.
+    with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
-    violations = check_traces(directory, prefix)
+    violations = [v for v in check_traces(directory, prefix, groups_file=groups_file) if v.is_error]
     if violations:
         raise FlintError(
             f"{directory} breaks the trace contract ({len(violations)} violations, first: "
             f"{violations[0]}): run `flint check {directory}`"
         )
-    traces, groups = read_trace_set(directory, prefix)
+    traces, groups = read_trace_set(directory, prefix, groups_file)
     return schedule(traces, groups, timer_for(groups, len(traces)))
 
 
@@ -114,7 +137,12 @@ def schedule(
     by_rank: dict[int, list[Slice]] = defaultdict(list)
     for piece in slices:
         by_rank[piece.rank].append(piece)
-    return Timeline(slices, [_rank_time(t.rank, by_rank[t.rank]) for t in traces])
+    return Timeline(
+        slices,
+        [_rank_time(t.rank, by_rank[t.rank]) for t in traces],
+        simulation.transfers,
+        simulation.collectives,
+    )
 
 
 class _Rank:
@@ -147,9 +175,11 @@ class _Simulation:
         self.timer = timer
         self.members = {ALL_RANKS: len(traces), **{g: len(r) for g, r in groups.items()}}
         self.instance = {rank_id: _collective_instances(rank) for rank_id, rank in self.ranks.items()}
-        self.arrived: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
-        self.sends_started: Counter[tuple] = Counter()
-        self.recvs_waiting: dict[tuple, deque[tuple[int, int]]] = defaultdict(deque)
+        self.arrived: dict[tuple[int, int], list[Member]] = defaultdict(list)
+        self.sends_started: dict[tuple, deque[Member]] = defaultdict(deque)
+        self.recvs_waiting: dict[tuple, deque[Member]] = defaultdict(deque)
+        self.transfers: list[tuple[Member, Member]] = []
+        self.collectives: list[tuple[Member, ...]] = []
         self.events: list[tuple[float, int, int]] = []
         self.touched: set[int] = set()
         self.slices: list[Slice] = []
@@ -194,25 +224,30 @@ class _Simulation:
             key = self.instance[rank.rank][node_id]
             self.arrived[key].append((rank.rank, node_id))
             if len(self.arrived[key]) == self.members[key[0]]:
-                for member, member_node in self.arrived.pop(key):
+                members = tuple(sorted(self.arrived.pop(key)))
+                self.collectives.append(members)
+                for member, member_node in members:
                     self.start(self.ranks[member], member_node, now, COMM)
         else:
             self._point_to_point(rank, node, now)
 
     def _point_to_point(self, rank: _Rank, node: pb.Node, now: float) -> None:
-        key = tuple(attr_value(node, name) for name in ("comm_src", "comm_dst", "comm_tag"))
+        key = (*transfer_peers(node, rank.rank), attr_value(node, "comm_tag"))
+        here = (rank.rank, node.id)
         if node.type == pb.COMM_SEND_NODE:
             self.start(rank, node.id, now, COMM)
             if self.recvs_waiting[key]:
                 receiver, recv_id = self.recvs_waiting[key].popleft()
+                self.transfers.append((here, (receiver, recv_id)))
                 self.start(self.ranks[receiver], recv_id, now, COMM)
             else:
-                self.sends_started[key] += 1
+                self.sends_started[key].append(here)
         elif self.sends_started[key]:
-            self.sends_started[key] -= 1  # that SEND started no later than now
+            # that SEND started no later than now
+            self.transfers.append((self.sends_started[key].popleft(), here))
             self.start(rank, node.id, now, COMM)
         else:
-            self.recvs_waiting[key].append((rank.rank, node.id))
+            self.recvs_waiting[key].append(here)
 
     def dispatch(self, now: float) -> None:
         for rank_id in sorted(self.touched):
@@ -291,10 +326,13 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 
 
 def to_trace_events(timeline: Timeline, metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Chrome trace-event JSON: `X` slices in µs, pid = rank, tid 0 compute, 1.. communication."""
+    """Chrome trace-event JSON: `X` slices in µs, pid = rank, tid 0 compute, 1.. communication;
+    a parent slice per pipeline unit on the compute thread; flow arrows (`s`, `t`, `f` events
+    bound to the slices they start in) for transfers and collectives; per-rank summaries."""
     events: list[dict[str, Any]] = []
     lanes: dict[int, list[float]] = defaultdict(list)  # rank -> end of each comm lane
     slices: list[dict[str, Any]] = []
+    where: dict[Member, dict[str, Any]] = {}  # (rank, node) -> its slice event
     for piece in sorted(timeline.slices, key=lambda s: (s.rank, s.stream, s.start, s.node_id)):
         tid = 0
         if piece.stream == COMM:
@@ -308,18 +346,86 @@ def to_trace_events(timeline: Timeline, metadata: Mapping[str, Any]) -> dict[str
             "name": piece.name, "cat": piece.stream, "ph": "X", "pid": piece.rank, "tid": tid,
             "ts": piece.start, "dur": piece.duration, "args": piece.args,
         })
+        where[piece.rank, piece.node_id] = slices[-1]
+    units = _unit_slices(timeline.slices)
     for rank in timeline.ranks:
         events.append(_meta("process_name", rank.rank, 0, name=f"rank {rank.rank}"))
         events.append(_meta("process_sort_index", rank.rank, 0, sort_index=rank.rank))
+        events.append(_meta("process_labels", rank.rank, 0, labels=(
+            f"step {rank.step:,.1f} µs, compute {rank.compute:,.1f} µs, "
+            f"exposed communication {rank.exposed:,.1f} µs"
+        )))
         events.append(_meta("thread_name", rank.rank, 0, name=COMPUTE))
         for lane in range(len(lanes[rank.rank])):
             name = COMM if lane == 0 else f"{COMM} {lane + 1}"
             events.append(_meta("thread_name", rank.rank, lane + 1, name=name))
     return {
-        "traceEvents": events + slices,
+        "traceEvents": events + units + slices + _flows(timeline, where),
         "displayTimeUnit": "ns",
-        "otherData": {**metadata, "step_us": timeline.step},
+        "otherData": {
+            **metadata,
+            "step_us": timeline.step,
+            "ranks": _rank_summaries(timeline),
+        },
     }
+
+
+def _unit_slices(pieces: list[Slice]) -> list[dict[str, Any]]:
+    """A parent slice per pipeline unit and rank, on the compute thread: from its first node's
+    start to its last node's end (a stage runs its units one after another, so they nest)."""
+    spans: dict[tuple[int, str], tuple[float, float]] = {}
+    for piece in pieces:
+        match = UNIT_NAME.match(piece.name)
+        if match:
+            start, end = spans.get((piece.rank, match[1]), (piece.start, piece.end))
+            spans[piece.rank, match[1]] = (min(start, piece.start), max(end, piece.end))
+    return [
+        {"name": label, "cat": UNIT, "ph": "X", "pid": rank, "tid": 0, "ts": start,
+         "dur": end - start, "args": {"unit": label}}
+        for (rank, label), (start, end) in sorted(spans.items(), key=lambda item: (item[0][0], item[1]))
+    ]
+
+
+def _flows(timeline: Timeline, where: Mapping[Member, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flow events: one arrow per SEND/RECV pair, one chain through each collective's members.
+    Each event takes the category, process, thread and start of the slice it binds to, which is
+    how both Perfetto and Chrome's viewer attach it."""
+    flows: list[dict[str, Any]] = []
+    chains = [(SEND_RECV, pair) for pair in timeline.transfers]
+    chains += [(COLLECTIVE, members) for members in timeline.collectives if len(members) > 1]
+    for flow_id, (name, members) in enumerate(chains, start=1):
+        for position, member in enumerate(members):
+            piece = where[member]
+            phase = "s" if position == 0 else "f" if position == len(members) - 1 else "t"
+            flows.append({
+                "name": name, "cat": piece["cat"], "ph": phase, "id": flow_id, "pid": piece["pid"],
+                "tid": piece["tid"], "ts": piece["ts"], **({"bp": "e"} if phase != "s" else {}),
+            })
+    return flows
+
+
+def _rank_summaries(timeline: Timeline) -> list[dict[str, Any]]:
+    """Each rank's totals with its idle time (the step's, less its compute and exposed
+    communication), its nodes by kind and its pipeline units."""
+    kinds: dict[int, Counter[str]] = defaultdict(Counter)
+    units: dict[int, set[str]] = defaultdict(set)
+    for piece in timeline.slices:
+        kinds[piece.rank][piece.args.get("type")] += 1
+        match = UNIT_NAME.match(piece.name)
+        if match:
+            units[piece.rank].add(match[1])
+    return [
+        {
+            **rank.as_json(),
+            "idle_us": max(0.0, timeline.step - rank.compute - rank.exposed),
+            "nodes": sum(kinds[rank.rank].values()),
+            "collectives": kinds[rank.rank][enum_name(pb.NodeType, pb.COMM_COLL_NODE)],
+            "sends": kinds[rank.rank][enum_name(pb.NodeType, pb.COMM_SEND_NODE)],
+            "recvs": kinds[rank.rank][enum_name(pb.NodeType, pb.COMM_RECV_NODE)],
+            "pipeline_units": len(units[rank.rank]),
+        }
+        for rank in timeline.ranks
+    ]
 
 
 def _meta(kind: str, pid: int, tid: int, **args) -> dict[str, Any]:

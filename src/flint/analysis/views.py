@@ -81,12 +81,11 @@ class _PerRank:
             {
                 "rank": str(s.rank),
                 "nodes": str(s.nodes),
-                "by type": ", ".join(f"{k.removesuffix('_NODE')} {v}"
-                                     for k, v in s.nodes_by_type.items()),
+                "by type": ", ".join(f"{k} {v}" for k, v in s.nodes_by_type.items()),
                 "FLOPs": f"{s.flops:,}",
                 "bytes": f"{s.bytes:,}",
                 "collectives": ", ".join(f"{k} {c}x {b:,} B"
-                                         for k, (c, b) in s.collectives.items()) or "-",
+                                         for k, (c, b) in s.group_collectives.items()) or "-",
                 "send/recv": f"{s.sends}/{s.recvs}",
             }
             for s in summaries

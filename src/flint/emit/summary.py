@@ -7,16 +7,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from flint.emit.chakra import COMM_TYPE
 from flint.emit.classes import RankClasses
 from flint.graph import WorkloadGraph
+from flint.trace.vocabulary import RECV, SEND, collective_name, compute_flops, totals_json
 
 
 @dataclass(frozen=True)
 class RankTotals:
     """What one rank does in one step: node count, FLOPs, bytes, and communication by kind.
 
-    Collectives are keyed by StableHLO name (`all_reduce`, ...); a permute's halves count as `send`
-    and `recv`.
+    Counted as `inspect` counts the trace (`flint.trace.vocabulary`): collectives by their Chakra
+    kind (`all_reduce`, ...; a ragged all-to-all is an `all_to_all`), a permute's halves as `send`
+    and `recv`, FLOPs of the nodes that compute.
     """
 
     nodes: int
@@ -27,16 +30,8 @@ class RankTotals:
     collective_bytes: dict[str, int] = field(default_factory=dict)
 
     def as_json(self) -> dict:
-        return {
-            "nodes": self.nodes,
-            "flops": self.flops,
-            "transcendentals": self.transcendentals,
-            "bytes": self.bytes,
-            "collectives": {
-                kind: {"count": self.collective_count[kind], "bytes": self.collective_bytes[kind]}
-                for kind in sorted(self.collective_count)
-            },
-        }
+        return totals_json(self.nodes, self.flops, self.transcendentals, self.bytes,
+                           self.collective_count, self.collective_bytes)
 
 
 def _ranges(ranks: np.ndarray) -> list[list[int]]:
@@ -59,10 +54,11 @@ def _totals(nodes) -> RankTotals:
             continue
         total += 1
         if data["kind"] == "collective":
-            count[data["collective"]] += 1
-            size[data["collective"]] += data["comm_bytes"]
+            kind = collective_name(COMM_TYPE[data["collective"]])
+            count[kind] += 1
+            size[kind] += data["comm_bytes"]
         else:
-            flops += data["flops"]
+            flops += compute_flops(data["flops"])
             transcendentals += data["transcendentals"]
             nbytes += data["bytes"]
     return RankTotals(total, flops, transcendentals, nbytes, dict(count), dict(size))
@@ -86,8 +82,8 @@ def rank_totals(
     for cls, role in enumerate(classes.roles):
         key = Counter()
         for comm_bytes, sends, receives in zip(permute_bytes, role.sends, role.receives):
-            key["send", comm_bytes] += sends
-            key["recv", comm_bytes] += receives
+            key[SEND, comm_bytes] += sends
+            key[RECV, comm_bytes] += receives
         merged.setdefault(
             (role.stage, tuple(sorted((k, n) for k, n in key.items() if n))), []
         ).append(cls)

@@ -4,7 +4,9 @@ Nodes are the ops that cost something: `compute` (FLOPs and bytes), `memory` (pu
 bytes) and `collective` (kind, bytes, rank groups; `collective_permute` carries its source-target
 pairs instead). Free ops (constants, reshapes, tuple plumbing) are dropped and their consumers depend
 directly on whatever produced their inputs, so dependencies stay exact. Node keys are consecutive
-integers in program order, which is a topological order.
+integers in program order, which is a topological order. Every node has a readable `name`, the op
+path it came from (`source_op`) and, where the compiler kept it, its source line (`source`): see
+`flint.graph.names`.
 
 Control flow is resolved while building, so the graph is straight-line code:
 - `while` loops are unrolled by their static trip count (`flint.ir.loops`), or by `loop_trips` when the
@@ -43,11 +45,13 @@ import numpy as np
 
 from flint.errors import FlintError
 from flint.graph.collectives import comm_bytes, describe
+from flint.graph.names import collective_name, op_name
 from flint.graph.reduce_scatter import ReduceScatter, reduce_scatters
 from flint.ir.costs import COLLECTIVE, FREE, cost_of, kernel_of
 from flint.ir.folding import Value, fold
 from flint.ir.loops import trip_count
 from flint.ir.parse import CONTROL_FLOW, FUSION, Op, Program, Region
+from flint.mesh import MeshSpec
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,11 @@ class _Builder:
 
     def add(self, op: Op, attributes: dict, opcode: str | None = None) -> None:
         node = self.graph.number_of_nodes()
-        self.graph.add_node(node, name=op.name, op=opcode or op.opcode, **attributes)
+        opcode = opcode or op.opcode
+        name = op_name(attributes.get("kernel", opcode), op.name, op.source)
+        self.graph.add_node(node, name=name, op=opcode, source_op=op.name, **attributes)
+        if op.source:
+            self.graph.nodes[node]["source"] = op.source
         data = self.wire(op, node)
         if self.scheduled:
             for dep in sorted(self.last - data):
@@ -343,11 +351,17 @@ class _Builder:
                 self.add(op, attributes)
 
 
-def build_graph(program: Program, num_ranks: int, loop_trips: int | None = None) -> WorkloadGraph:
-    """Turn the parsed program into the straight-line workload graph every rank runs."""
+def build_graph(
+    program: Program, num_ranks: int, loop_trips: int | None = None, mesh: MeshSpec | None = None
+) -> WorkloadGraph:
+    """Turn the parsed program into the straight-line workload graph every rank runs. `mesh` (of
+    `num_ranks` ranks) names the axes a collective runs over in its name (`flint.graph.names`)."""
     builder = _Builder(num_ranks, loop_trips, program.scheduled)
     builder.inputs = {value: frozenset((i,)) for i, value in enumerate(program.body.arguments)}
     builder.region(program.body)
+    for _, data in builder.graph.nodes(data=True):
+        if data["kind"] == "collective":  # named once complete: combined pieces add their bytes
+            data["name"] = collective_name(data, mesh)
     return WorkloadGraph(
         builder.graph,
         num_ranks,

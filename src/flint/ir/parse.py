@@ -10,9 +10,11 @@ cost depends on.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -59,7 +61,11 @@ class TensorType:
 
 @dataclass(frozen=True)
 class Op:
-    """One StableHLO operation with SSA value ids instead of MLIR handles."""
+    """One StableHLO operation with SSA value ids instead of MLIR handles.
+
+    `name` is the location's name (for JAX, the op path `jit(step)/jvp()/dot_general`), `source`
+    the innermost source line the compiler kept for it (`gpt.py:151`), empty when it kept none.
+    """
 
     opcode: str
     name: str
@@ -69,6 +75,7 @@ class Op:
     result_types: tuple[TensorType, ...]
     attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     regions: tuple["Region", ...] = ()
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,43 @@ def _op_name(op, opcode: str) -> str:
         return opcode
 
 
+_OWN_FILES = str(PurePath(__file__).parents[1]) + os.sep
+_TRACING_FILES = str(PurePath(__file__).parents[1] / "compile") + os.sep
+"""Flint's own package, and its compile stage, which traces the step. The frames inside the first
+compile-stage frame are the step's own: the model's code, the libraries it calls and the Flint
+helpers it calls back (`flint.sharding.constrain`, the torch bridge); outside it are Flint's
+pipeline and the command line."""
+
+
+def _frames(location) -> Iterator:
+    """The file locations of an MLIR location, innermost frame first: through a name (`NameLoc`)
+    to its child, a call site's callee before its caller, a fused location's parts in order."""
+    from jaxlib.mlir import ir
+
+    if isinstance(location, ir.FileLineColLoc):
+        yield location
+    elif isinstance(location, ir.NameLoc):
+        yield from _frames(location.child_loc)
+    elif isinstance(location, ir.CallSiteLoc):
+        yield from _frames(location.callee)
+        yield from _frames(location.caller)
+    elif isinstance(location, ir.FusedLoc):
+        for part in location.locations:
+            yield from _frames(part)
+
+
+def _source_line(location) -> str:
+    """`file.py:line` of the innermost frame of the step's own code outside Flint that the
+    compiler kept for an op (see `_TRACING_FILES`); empty when it kept none (ops XLA made up, or a
+    torch model's ops, which keep only Flint's bridge)."""
+    for frame in _frames(location):
+        if frame.filename.startswith(_TRACING_FILES):
+            break
+        if not frame.filename.startswith(_OWN_FILES):
+            return f"{PurePath(frame.filename).name}:{frame.start_line}"
+    return ""
+
+
 def _opcode(op) -> str:
     """The op's name without its dialect; a collective the conversion to StableHLO writes as a
     custom call (`ragged_all_to_all`) goes by its target's name."""
@@ -329,6 +373,7 @@ class _Walker:
             result_types=tuple(_tensor_type(v.type) for v in op.results),
             attrs=MappingProxyType(attrs),
             regions=regions,
+            source=_source_line(op.location),
         )
 
 

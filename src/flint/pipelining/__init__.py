@@ -35,9 +35,12 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    from the last stage to the first): a `collective_permute` from each rank of one stage to the rank
    at the same position of the other mesh axes on the other, of the bytes the compiled forward loop
    carries from layer to layer (the backward loop's for gradients). Each stage's units follow its
-   schedule: every unit's first nodes wait (`ctrl`) for the last nodes of the unit before it and for
-   what the unit receives, so a unit starts as a whole and a simulator reproduces the schedule's
-   bubble. Nodes are named after their unit: `F3.0 <op>`, `B3.0 <op>`, `U.0 <op>` for the update.
+   schedule: a unit begins with a start node (`F3.0 start`, op `unit_start`, one FLOP and one
+   byte) that waits (`ctrl`) for the ends of the unit before it (its nodes that none of its others
+   follow) and for what the unit receives, and the unit's first nodes wait for it. So a unit starts
+   as a whole and a simulator reproduces the schedule's bubble, at one control edge per end and
+   per first node of a boundary (not their product). Nodes are named after their unit:
+   `F3.0 <name>`, `B3.0 <name>`, `U.0 <name>` for the update.
 
 Gradient syncs: a one-microbatch compile reduces each weight gradient over the data group in every
 backward; a real step accumulates gradients over microbatches and syncs once. All-reduces and
@@ -58,6 +61,7 @@ from flint.pipelining.piece import one_microbatch, stage_mesh
 from flint.pipelining.regions import Regions
 from flint.pipelining.schedules import (
     SCHEDULES,
+    UNIT_NAME,
     PipelineRequest,
     gpipe,
     interleaved,
@@ -66,6 +70,7 @@ from flint.pipelining.schedules import (
 
 __all__ = [
     "SCHEDULES",
+    "UNIT_NAME",
     "PipelineRequest",
     "Regions",
     "gpipe",

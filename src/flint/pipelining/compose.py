@@ -26,7 +26,17 @@ from flint.pipelining.regions import (
     Regions,
     find_regions,
 )
-from flint.pipelining.schedules import BACKWARD, FORWARD, PipelineRequest, Work, schedule
+from flint.pipelining.schedules import (
+    BACKWARD,
+    FORWARD,
+    PipelineRequest,
+    Work,
+    schedule,
+    update_label,
+)
+
+UNIT_START = "unit_start"
+"""The `op` of the node each unit starts with (`_Composer.open_unit`)."""
 
 Copy = dict[int, tuple[int, ...]]
 """A region's copy: node of the piece -> nodes of the pipelined graph that stand for it."""
@@ -90,16 +100,30 @@ class _Composer:
             self.out.add_edge(dep, node, ctrl=True)
         return node
 
-    def order_after_previous(self, stage: int, nodes: list[int], received: tuple[int, ...] = ()) -> None:
-        """The unit's first nodes wait for the last nodes of the stage's previous unit and for
-        what the unit receives: a unit starts as a whole, as the schedule has it."""
-        previous, inside = set(self.last.get(stage, ())), set(nodes)
+    def open_unit(self, stage: int, label: str, received: tuple[int, ...] = ()) -> int | None:
+        """The node a unit starts with: it waits (`ctrl`) for the ends of the stage's previous unit
+        (its nodes no other node of it follows) and for what the unit receives, and the unit's
+        first nodes wait for it. A boundary so costs one edge per end and per first node, where
+        tying every end to every first node would cost their product. It does nothing (one FLOP,
+        one byte: a simulator's roofline gives it no time); None when the unit waits for nothing."""
+        previous = set(self.last.get(stage, ()))
         ends = [n for n in sorted(previous) if not any(s in previous for s in self.out.succ[n])]
-        starts = [n for n in nodes if not any(p in inside for p in self.out.pred[n])]
-        for end in ends + list(received):
-            for start in starts:
-                if not self.out.has_edge(end, start):
-                    self.out.add_edge(end, start, ctrl=True)
+        if not ends and not received:
+            return None
+        data = dict(
+            name=f"{label} start", op=UNIT_START, kind="compute", stage=stage,
+            flops=0, transcendentals=0, bytes=0,
+        )
+        return self.add(data, (), ends + list(received))
+
+    def close_unit(self, stage: int, start: int | None, nodes: list[int]) -> None:
+        """Make the unit's first nodes (those that follow none of its others) wait for its start
+        node: the unit starts as a whole, as the schedule has it."""
+        inside = set(nodes)
+        if start is not None:
+            for node in nodes:
+                if not any(p in inside for p in self.out.pred[node]):
+                    self.out.add_edge(start, node, ctrl=True)
         self.last[stage] = nodes
 
     def incoming(self, stage: int, work: Work) -> tuple[str, int, int] | None:
@@ -129,7 +153,7 @@ class _Composer:
             deps.update(context[self.regions.region_of[node]].get(node, ()))
         what = "activation" if work.kind == FORWARD else "gradient"
         data = dict(
-            name=f"{what} of {work.kind}{work.microbatch}.{work.chunk}",
+            name=f"{what} of {work.label}",
             op="collective_permute",
             kind="collective",
             collective="collective_permute",
@@ -145,10 +169,11 @@ class _Composer:
     def unit(self, stage: int, work: Work) -> None:
         S, M = self.request.stages, self.request.microbatches
         m, v = work.microbatch, work.chunk * S + stage
-        label = f"{work.kind}{m}.{work.chunk}"
-        first = self.out.number_of_nodes()
+        label = work.label
         key = self.incoming(stage, work)
         received = () if key is None else (self.permutes[key],)
+        start = self.open_unit(stage, label, received)
+        first = self.out.number_of_nodes()
         if work.kind == FORWARD:
             context: dict = {}
             if received:
@@ -172,7 +197,7 @@ class _Composer:
                 sources, nbytes = self.regions.sends_backward, self.regions.gradient_bytes
                 self.send(work, stage, (stage - 1) % S, sources, context, nbytes)
         self.units[stage, work] = context
-        self.order_after_previous(stage, list(range(first, end)), received)
+        self.close_unit(stage, start, list(range(first, end)))
 
     def compose(self) -> nx.DiGraph:
         S, M, V = self.request.stages, self.request.microbatches, self.request.virtual_stages
@@ -188,13 +213,15 @@ class _Composer:
                 raise AssertionError(f"the {self.request.schedule} schedule waits on itself")
         for stage in range(S):
             for chunk in range(V):
+                label = update_label(chunk)
+                start = self.open_unit(stage, label)
                 first = self.out.number_of_nodes()
                 v = chunk * S + stage
                 regions = (POST,) + ((POST_FIRST,) if v == 0 else ())
                 regions += (POST_LAST,) if v == self.last_virtual else ()
                 context = dict(self.units[stage, Work(BACKWARD, M - 1, chunk)])
-                self.copy(regions, stage, f"U.{chunk}", context)
-                self.order_after_previous(stage, list(range(first, self.out.number_of_nodes())))
+                self.copy(regions, stage, label, context)
+                self.close_unit(stage, start, list(range(first, self.out.number_of_nodes())))
         return self.out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -11,6 +12,9 @@ from flint.mesh import MeshSpec
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 STAGE_AXES = ("pp", "stage")
 FORWARD, BACKWARD = "F", "B"
+UNIT_NAME = re.compile(r"^((?:[FB]\d+|U)\.\d+) ")
+"""A pipelined node's name starts with its unit's label: `F3.0` (the forward of microbatch 3 on
+chunk 0), `B3.0` (its backward), `U.0` (chunk 0's per-step update); group 1 is the label."""
 
 
 class Work(NamedTuple):
@@ -19,6 +23,15 @@ class Work(NamedTuple):
     kind: str
     microbatch: int
     chunk: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.microbatch}.{self.chunk}"
+
+
+def update_label(chunk: int) -> str:
+    """The label of a chunk's per-step update unit."""
+    return f"U.{chunk}"
 
 
 @dataclass(frozen=True)

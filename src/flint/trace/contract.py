@@ -5,6 +5,10 @@ misreads, hangs on, or aborts on. Ranks are read one at a time; only compact per
 summaries (collective digests, unpaired SEND/RECVs) outlive a rank, so large rank counts fit.
 A file that repeats an already checked clean file but for valid per-rank values is recognised
 by its bytes rather than decoded (`flint.trace.shapes`); every other file is checked in full.
+
+A finding is an error where ASTRA-sim misreads, hangs or aborts, a warning where it runs the trace
+anyway (other producers' habits: an empty metadata version, an integer `is_cpu_op`, a SEND without
+`comm_src`); warnings alike are reported once, with how often they occur.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flint.schema import et_def_pb2 as pb
@@ -41,14 +45,14 @@ from flint.trace.reader import (
     read_comm_groups,
 )
 from flint.trace.shapes import Shapes, shape_of
-from flint.trace.violation import Violation
+from flint.trace.violation import WARNING, Violation
 
 __all__ = ["RULES", "Violation", "check_rank_files", "check_traces"]
 
 RULES: dict[str, str] = {
     "rank-files": "a file for every rank 0..N-1 (ASTRA-sim opens each one)",
     "framing": "every file decodes as length-delimited protobuf messages",
-    "metadata-first": "the first message is a GlobalMetadata with a version",
+    "metadata-first": "the first message is a GlobalMetadata, with a version (else a warning)",
     "unique-ids": "node ids are unique within a file",
     "dep-exists": "every ctrl/data dependency names a node of the same file",
     "dep-cycle": "dependencies form no cycle (its nodes would never run)",
@@ -63,12 +67,14 @@ RULES: dict[str, str] = {
     "group-member": "a rank only uses groups it belongs to",
     "group-file": "the comm-groups file is well formed (ids >= 1, >= 2 distinct in-range ranks)",
     "involved-dim": "involved_dim, when present, is a bool_list",
-    "comm-peer": "SEND/RECV peers are integer ranks in range, one of them the file's rank",
+    "comm-peer": "SEND/RECV peers are integer ranks in range, one of them the file's rank "
+                 "(a SEND's missing comm_src or a RECV's comm_dst is that rank: a warning)",
     "comm-tag": "SEND/RECV have an integer comm_tag that fits int32",
     "collective-match": "all members of a group issue the same collectives, sizes and order",
     "send-recv-match": "every SEND has exactly one RECV with the same peers, tag and size",
     "integer-types": "sizes and counts are never doubles or floats (std::bad_cast)",
-    "is-cpu-op": "is_cpu_op, when present, is a bool",
+    "is-cpu-op": "is_cpu_op, when present, is a bool (an integer is read as one: a warning), "
+                 "never true on a communication node",
 }
 
 
@@ -114,18 +120,21 @@ def check_traces(
     prefix: str | None = None,
     num_ranks: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    groups_file: str | os.PathLike[str] | None = None,
 ) -> list[Violation]:
-    """Every contract violation of one trace set (empty when ASTRA-sim can run it).
+    """Every contract violation of one trace set, errors and warnings (no errors: ASTRA-sim can
+    run it).
 
     ``num_ranks`` is the rank count ASTRA-sim will be configured with; without it, the count
     that the set's manifest.json records, else the highest rank found (which catches gaps but
     not a missing last rank). ``progress(done, total)`` hears how many rank files are checked.
+    ``groups_file`` is the comm-groups file where it is not ``<prefix>.comm_groups.json``.
     """
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
     num_ranks, expected, violations = _rank_count(directory, prefix, files, num_ranks)
     violations += _rank_file_violations(prefix, files, num_ranks, expected)
-    groups_file = comm_groups_path(directory, prefix)
+    groups_file = comm_groups_path(directory, prefix, groups_file)
     groups, group_violations = _load_groups(groups_file, num_ranks)
     violations += group_violations
     label = groups_file.name if groups_file.exists() else f"{groups_file.name} (absent)"
@@ -157,7 +166,23 @@ def check_traces(
     }
     violations += _collective_mismatches(collectives, checkable, files, contexts)
     violations += point_to_point.unmatched(p2p_unknown)
-    return violations
+    return _fold_warnings(violations)
+
+
+def _fold_warnings(violations: list[Violation]) -> list[Violation]:
+    """Each warning once, where it first occurs, counted: a producer's habit repeats on every
+    node of every rank, where errors are each a fault of its own."""
+    counts: dict[tuple[str, str], int] = {}
+    for v in violations:
+        if not v.is_error:
+            counts[v.rule, v.message] = counts.get((v.rule, v.message), 0) + 1
+    folded = []
+    for v in violations:
+        if v.is_error:
+            folded.append(v)
+        elif (v.rule, v.message) in counts:
+            folded.append(replace(v, count=counts.pop((v.rule, v.message))))
+    return folded
 
 
 def check_rank_files(
@@ -306,9 +331,8 @@ def _check_file(path: Path, ctx: RankContext, loaded: bytes | Exception) -> _Fil
         message = "first message is a Node, not GlobalMetadata; ASTRA-sim would swallow it"
         violations.append(Violation("metadata-first", ctx.rank, None, message))
     elif not metadata.version:
-        violations.append(
-            Violation("metadata-first", ctx.rank, None, "GlobalMetadata has an empty version")
-        )
+        message = "GlobalMetadata has an empty version, which ASTRA-sim does not read"
+        violations.append(Violation("metadata-first", ctx.rank, None, message, WARNING))
     violations += _dependency_violations(ctx.rank, nodes)
     collectives: list[Collective] | None = []
     point_to_point: list[PointToPoint] | None = []

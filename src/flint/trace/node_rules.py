@@ -1,8 +1,9 @@
 """Contract rules that one node can break on its own (types and attributes).
 
-A node that breaks any rule yields no communication record: its collective or point-to-point
-operation cannot be trusted, so cross-rank matching for it is left to a rerun after the fix
-rather than reported twice.
+A node with an error yields no communication record: its collective or point-to-point operation
+cannot be trusted, so cross-rank matching for it is left to a rerun after the fix rather than
+reported twice. Warnings (what ASTRA-sim tolerates: an integer `is_cpu_op`, a SEND without
+`comm_src` or a RECV without `comm_dst`) leave the node trusted, read as ASTRA-sim reads it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flint.trace.reader import (
     attributes,
     enum_name,
 )
-from flint.trace.violation import Violation
+from flint.trace.violation import WARNING, Violation
 
 ALL_RANKS = 0
 """Group key of the implicit all-ranks communicator (``pg_name`` absent, ``""`` or ``"0"``)."""
@@ -28,6 +29,7 @@ FLOAT_KINDS = frozenset({"double_val", "double_list", "float_val", "float_list"}
 INTEGER_ATTRS = frozenset(
     {"num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag"}
 )
+COMMUNICATION = frozenset({pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE})
 SIMULATED_COLLECTIVES = frozenset(
     {pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST}
 )
@@ -77,7 +79,7 @@ class NodeCheck:
 
     @property
     def trusted(self) -> bool:
-        return not self.violations and not self.unresolved
+        return not self.unresolved and not any(v.is_error for v in self.violations)
 
     def kind(self, name: str) -> str | None:
         attr = self.attrs.get(name)
@@ -89,6 +91,9 @@ class NodeCheck:
 
     def fail(self, rule: str, message: str) -> None:
         self.violations.append(Violation(rule, self.ctx.rank, self.node.id, message))
+
+    def warn(self, rule: str, message: str) -> None:
+        self.violations.append(Violation(rule, self.ctx.rank, self.node.id, message, WARNING))
 
     def integer(self, name: str, rule: str) -> int | None:
         """An integer attribute's value; floats return None because the integer-types rule
@@ -136,10 +141,16 @@ def _check_attribute_kinds(check: NodeCheck) -> None:
         kind = attr.WhichOneof("value")
         if kind in FLOAT_KINDS and _is_integer_attr(attr.name):
             check.fail("integer-types", f"{attr.name} is stored as {kind}; it must be an integer")
-    if "is_cpu_op" in check.attrs:
-        kind = check.kind("is_cpu_op")
-        if kind != "bool_val":
-            check.fail("is-cpu-op", f"is_cpu_op must be bool_val, got {kind or 'nothing'}")
+    if "is_cpu_op" not in check.attrs:
+        return
+    kind = check.kind("is_cpu_op")
+    if kind in INTEGER_KINDS:
+        check.warn("is-cpu-op", f"is_cpu_op is {kind}, not bool_val; ASTRA-sim reads it as a bool")
+    elif kind != "bool_val":
+        check.fail("is-cpu-op", f"is_cpu_op must be bool_val, got {kind or 'nothing'} (std::bad_cast)")
+        return
+    if check.value("is_cpu_op") and check.node.type in COMMUNICATION:
+        check.fail("is-cpu-op", "is_cpu_op is true on a communication node, which aborts ASTRA-sim")
 
 
 def _is_integer_attr(name: str) -> bool:
@@ -211,8 +222,16 @@ def named_group(text: str, ctx: RankContext) -> tuple[int | None, tuple[str, str
 def _check_point_to_point(check: NodeCheck) -> None:
     ctx, node = check.ctx, check.node
     is_send = node.type == pb.COMM_SEND_NODE
-    src = check.integer("comm_src", "comm-peer")
-    dst = check.integer("comm_dst", "comm-peer")
+    own = "comm_src" if is_send else "comm_dst"
+    peers = {}
+    for name in ("comm_src", "comm_dst"):
+        if name == own and name not in check.attrs:
+            side = "sends from" if is_send else "receives at"
+            check.warn("comm-peer", f"{own} is missing; ASTRA-sim {side} the file's own rank")
+            peers[name] = ctx.rank
+        else:
+            peers[name] = check.integer(name, "comm-peer")
+    src, dst = peers["comm_src"], peers["comm_dst"]
     tag = check.integer("comm_tag", "comm-tag")
     size = check.positive("comm_size", "comm-size")
     for problem in peer_problems(is_send, src, dst, ctx):

@@ -1,4 +1,11 @@
-"""Read Chakra execution traces: per-rank ``.et`` files and the comm-groups JSON file."""
+"""Read Chakra execution traces: per-rank ``.et`` files and the comm-groups JSON file.
+
+Anything ASTRA-sim reads is read, whoever wrote it: a GlobalMetadata without a version, a group
+file under another name than Flint's (`groups_file`), a SEND without `comm_src` or a RECV without
+`comm_dst` (ASTRA-sim takes the file's own rank: `transfer_peers`). Only what ASTRA-sim would
+misread is refused here: a file whose first message is not a GlobalMetadata. `flint.trace.contract`
+tells apart what ASTRA-sim tolerates (warnings) from what breaks it (errors).
+"""
 
 from __future__ import annotations
 
@@ -95,7 +102,8 @@ def _parse(message_type: type[_Message], data: bytes, index: int) -> _Message:
 
 def read_trace(path: str | os.PathLike[str]) -> RankTrace:
     """Read one rank's trace; a file whose first message is not GlobalMetadata is rejected,
-    because ASTRA-sim would silently swallow its first node."""
+    because ASTRA-sim would silently swallow its first node. An empty version is read: ASTRA-sim
+    never looks at it."""
     path = Path(path)
     parsed = parse_trace_name(path)
     if parsed is None:
@@ -104,8 +112,8 @@ def read_trace(path: str | os.PathLike[str]) -> RankTrace:
         metadata, nodes = decode_trace(load_bytes(path))
     except TraceFormatError as exc:
         raise TraceFormatError(f"{path}: {exc}") from exc
-    if metadata is None or not metadata.version:
-        raise TraceFormatError(f"{path}: first message is not a GlobalMetadata with a version")
+    if metadata is None:
+        raise TraceFormatError(f"{path}: first message is not a GlobalMetadata")
     return RankTrace(path=path, rank=parsed[1], metadata=metadata, nodes=nodes)
 
 
@@ -151,8 +159,13 @@ def find_rank_files(
     return prefix, by_prefix[prefix]
 
 
-def comm_groups_path(directory: str | os.PathLike[str], prefix: str) -> Path:
-    """Where a trace set's communicator groups live: ``<prefix>.comm_groups.json``."""
+def comm_groups_path(
+    directory: str | os.PathLike[str], prefix: str, groups_file: str | os.PathLike[str] | None = None
+) -> Path:
+    """Where a trace set's communicator groups live: `groups_file` where one is named (another
+    producer's name for it), else Flint's ``<prefix>.comm_groups.json`` beside the rank files."""
+    if groups_file is not None:
+        return Path(groups_file)
     return Path(directory) / f"{prefix}.comm_groups.json"
 
 
@@ -214,10 +227,13 @@ class TraceFiles:
 
 
 def locate_traces(
-    path: str | os.PathLike[str], prefix: str | None = None, rank: int | None = None
+    path: str | os.PathLike[str],
+    prefix: str | None = None,
+    rank: int | None = None,
+    groups_file: str | os.PathLike[str] | None = None,
 ) -> TraceFiles:
     """A directory's trace set (or only its `rank`), or one ``.et`` file, with the groups and
-    rank count of the whole set."""
+    rank count of the whole set (from `groups_file` where one is named, see `comm_groups_path`)."""
     path = Path(path)
     chosen = None
     if path.is_file():
@@ -227,8 +243,7 @@ def locate_traces(
         prefix, chosen = parsed[0], [path]
         path = path.parent
     prefix, paths = find_traces(path, prefix)
-    groups_file = comm_groups_path(path, prefix)
-    groups = read_comm_groups(groups_file) if groups_file.exists() else {}
+    groups = read_groups_if_any(comm_groups_path(path, prefix, groups_file))
     num_ranks = max(parse_trace_name(p)[1] for p in paths) + 1
     chosen = chosen or paths
     if rank is not None:
@@ -238,11 +253,19 @@ def locate_traces(
     return TraceFiles(chosen, groups, num_ranks)
 
 
+def read_groups_if_any(path: Path) -> dict[int, tuple[int, ...]]:
+    """The groups of a comm-groups file; none where there is no file (every collective of such a
+    trace runs on all ranks, or `flint check` says which group is missing)."""
+    return read_comm_groups(path) if path.exists() else {}
+
+
 def read_trace_set(
-    directory: str | os.PathLike[str], prefix: str | None = None
+    directory: str | os.PathLike[str],
+    prefix: str | None = None,
+    groups_file: str | os.PathLike[str] | None = None,
 ) -> tuple[list[RankTrace], dict[int, tuple[int, ...]]]:
     """Every rank's trace of one set, in rank order, and its groups (none without a groups file)."""
-    files = locate_traces(directory, prefix)
+    files = locate_traces(directory, prefix, groups_file=groups_file)
     return [read_trace(path) for path in files.paths], files.groups
 
 
@@ -286,6 +309,18 @@ def enum_name(enum: Any, value: int) -> str:
 
 def _find_attr(node: et_def_pb2.Node, name: str) -> et_def_pb2.AttributeProto | None:
     return next((attr for attr in node.attr if attr.name == name), None)
+
+
+def transfer_peers(node: et_def_pb2.Node, rank: int) -> tuple[int | None, int | None]:
+    """A SEND's or RECV's (source, destination) in rank `rank`'s file, as ASTRA-sim reads them:
+    integer attributes, where a SEND without `comm_src` sends from `rank` and a RECV without
+    `comm_dst` receives at it; None where ASTRA-sim has no peer (a missing or non-integer one)."""
+    src, dst = integer_attr(node, "comm_src"), integer_attr(node, "comm_dst")
+    if node.type == et_def_pb2.COMM_SEND_NODE and _find_attr(node, "comm_src") is None:
+        src = rank
+    if node.type == et_def_pb2.COMM_RECV_NODE and _find_attr(node, "comm_dst") is None:
+        dst = rank
+    return src, dst
 
 
 def attr_kind(node: et_def_pb2.Node, name: str) -> str | None:
