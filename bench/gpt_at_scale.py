@@ -15,5 +15,4 @@ SEQUENCES_PER_RANK = 2
 
 def workload(mesh):
     _, tensor = gpt.mesh_axes(mesh)
-    gpt.BATCH = SEQUENCES_PER_RANK * mesh.size // (mesh.shape[tensor] if tensor else 1)
-    return gpt.workload(mesh)
+    return gpt.workload(mesh, batch=SEQUENCES_PER_RANK * mesh.size // (mesh.shape[tensor] if tensor else 1))

@@ -62,9 +62,9 @@ def fsdp_layout(data, tensor):
     return {"layers": layers, **top}
 
 
-def workload(mesh):
-    """Abstract inputs of the GPT step with FSDP shardings (Flint's model-file entry point)."""
-    return gpt.workload(mesh, layout=fsdp_layout)
+def workload(mesh, layers=gpt.LAYERS, vocab=gpt.VOCAB, width=gpt.D_MODEL, batch=gpt.BATCH, seq=gpt.SEQ):
+    """gpt.py's step and inputs with the ZeRO-3 layout, for a model of the given size."""
+    return gpt.workload(mesh, layout=fsdp_layout, layers=layers, vocab=vocab, width=width, batch=batch, seq=seq)
 
 
 logical_rules = gpt.logical_rules

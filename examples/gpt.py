@@ -57,26 +57,6 @@ LN_EPS = 1e-5
 
 PARAM, STATE = jnp.bfloat16, jnp.float32
 
-# (shape, dtype) of every parameter; per-block parameters are stacked along a leading LAYERS axis.
-LAYER_SHAPES = {
-    "ln1_scale": (LAYERS, D_MODEL),
-    "ln1_bias": (LAYERS, D_MODEL),
-    "wq": (LAYERS, D_MODEL, HEADS, D_HEAD),
-    "wk": (LAYERS, D_MODEL, HEADS, D_HEAD),
-    "wv": (LAYERS, D_MODEL, HEADS, D_HEAD),
-    "wo": (LAYERS, HEADS, D_HEAD, D_MODEL),
-    "ln2_scale": (LAYERS, D_MODEL),
-    "ln2_bias": (LAYERS, D_MODEL),
-    "w_in": (LAYERS, D_MODEL, D_FF),
-    "w_out": (LAYERS, D_FF, D_MODEL),
-}
-TOP_SHAPES = {
-    "embed": (VOCAB, D_MODEL),
-    "ln_f_scale": (D_MODEL,),
-    "ln_f_bias": (D_MODEL,),
-    "head": (D_MODEL, VOCAB),
-}
-
 
 def mesh_axes(mesh):
     """(data axes, tensor axis): every axis but the last is data; the last is tensor (None on 1-D)."""
@@ -135,7 +115,7 @@ def layernorm(x, scale, bias):
 def attention(x, p):
     """Causal multi-head self-attention of x [batch, seq, d_model]."""
     q, k, v = (constrain(jnp.einsum("bsd,dhk->bshk", x, p[w]), HEADS_SPLIT) for w in ("wq", "wk", "wv"))
-    scores = jnp.einsum("bshk,bthk->bhst", q, k).astype(jnp.float32) * (D_HEAD**-0.5)
+    scores = jnp.einsum("bshk,bthk->bhst", q, k).astype(jnp.float32) * (q.shape[-1] ** -0.5)
     causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
@@ -214,10 +194,24 @@ def step(params, opt, batch):
 # -------------------------------------------------------------------------------------- inputs
 
 
-def shapes(layers=LAYERS, vocab=VOCAB):
-    """Shape of every parameter of a model with `layers` blocks and a `vocab`-word vocabulary."""
-    top = dict(TOP_SHAPES, embed=(vocab, D_MODEL), head=(D_MODEL, vocab))
-    return {"layers": {name: (layers, *shape[1:]) for name, shape in LAYER_SHAPES.items()}, **top}
+def shapes(layers=LAYERS, vocab=VOCAB, width=D_MODEL):
+    """Shape of every parameter of a model with `layers` blocks, a `vocab`-word vocabulary and a
+    residual stream `width` wide (HEADS heads of width / HEADS, an MLP 3 * width wide)."""
+    head, ff = width // HEADS, 3 * width
+    layer = {
+        "ln1_scale": (width,), "ln1_bias": (width,),
+        "wq": (width, HEADS, head), "wk": (width, HEADS, head), "wv": (width, HEADS, head),
+        "wo": (HEADS, head, width),
+        "ln2_scale": (width,), "ln2_bias": (width,),
+        "w_in": (width, ff), "w_out": (ff, width),
+    }
+    top = {"embed": (vocab, width), "ln_f_scale": (width,), "ln_f_bias": (width,), "head": (width, vocab)}
+    return {"layers": {name: (layers, *shape) for name, shape in layer.items()}, **top}
+
+
+LAYER_SHAPES = shapes()["layers"]
+"""Shape of every per-block parameter, stacked along a leading LAYERS axis."""
+TOP_SHAPES = {name: shape for name, shape in shapes().items() if name != "layers"}
 
 
 def abstract_state(mesh, specs, shapes):
@@ -239,23 +233,19 @@ def abstract_state(mesh, specs, shapes):
     return tree(PARAM), opt
 
 
-def abstract_batch(mesh, spec):
-    """Tokens and targets [BATCH, SEQ], laid out by the PartitionSpec `spec`."""
-    tokens = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32, sharding=NamedSharding(mesh, spec))
+def abstract_batch(mesh, spec, batch=BATCH, seq=SEQ):
+    """Tokens and targets [batch, seq], laid out by the PartitionSpec `spec`."""
+    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=NamedSharding(mesh, spec))
     return {"tokens": tokens, "targets": tokens}
 
 
-def abstract_inputs(mesh, layout, layers=LAYERS, vocab=VOCAB):
-    """(params, opt, batch) as ShapeDtypeStructs; `layout(data, tensor)` gives parameter specs."""
+def workload(mesh, layout=tp_layout, layers=LAYERS, vocab=VOCAB, width=D_MODEL, batch=BATCH, seq=SEQ):
+    """Abstract inputs of `step` on `mesh` (Flint's model-file entry point). The model's size is
+    set by its arguments (`flint extract --model-arg layers=12 --model-arg width=1024`);
+    `examples/fsdp.py` calls it with its ZeRO-3 layout."""
     data, tensor = mesh_axes(mesh)
-    params, opt = abstract_state(mesh, layout(data, tensor), shapes(layers, vocab))
-    return params, opt, abstract_batch(mesh, P(data, None))
-
-
-def workload(mesh, layout=tp_layout, layers=LAYERS, vocab=VOCAB):
-    """Abstract inputs of `step` on `mesh` (Flint's model-file entry point); `examples/fsdp.py`
-    calls it with its ZeRO-3 layout, tests with other layer counts."""
-    return step, abstract_inputs(mesh, layout, layers, vocab)
+    params, opt = abstract_state(mesh, layout(data, tensor), shapes(layers, vocab, width))
+    return step, (params, opt, abstract_batch(mesh, P(data, None), batch, seq))
 
 
 def logical_rules(mesh):

@@ -30,8 +30,9 @@ def step(params, batch):
     return new_params, loss
 
 
-def workload(mesh):
-    """Abstract inputs of `step` on `mesh` (Flint's model-file entry point)."""
+def workload(mesh, batch=BATCH, width=D_MODEL, hidden=D_HIDDEN):
+    """Abstract inputs of `step` on `mesh` (Flint's model-file entry point), for a batch of
+    `batch` rows, `width` features and a hidden layer `hidden` wide."""
     names = mesh.axis_names
     data = names[:-1] if len(names) > 1 else names
     tensor = names[-1] if len(names) > 1 else None
@@ -40,8 +41,8 @@ def workload(mesh):
         return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, P(*partition)))
 
     params = {
-        "w_in": spec((D_MODEL, D_HIDDEN), None, tensor),
-        "w_out": spec((D_HIDDEN, D_MODEL), tensor, None),
+        "w_in": spec((width, hidden), None, tensor),
+        "w_out": spec((hidden, width), tensor, None),
     }
-    batch = {"x": spec((BATCH, D_MODEL), data, None), "y": spec((BATCH, D_MODEL), data, None)}
-    return step, (params, batch)
+    rows = {"x": spec((batch, width), data, None), "y": spec((batch, width), data, None)}
+    return step, (params, rows)

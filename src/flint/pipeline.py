@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 
-import flint
 from flint.compile.backend import CPU, Backend, make_virtual_mesh
 from flint.compile.capture import PartitionedModule, partition
 from flint.devices import Device
@@ -49,7 +49,14 @@ from flint.ir.parse import Program, parse_module
 from flint.isolation import Isolation, Send
 from flint.layout import Layout, LayoutRequest, apply_layout
 from flint.mesh import MeshSpec
-from flint.pipelining import PipelineRequest, Regions, one_microbatch, pipeline_graph, stage_mesh
+from flint.pipelining import (
+    PipelineRequest,
+    Regions,
+    one_microbatch,
+    pipeline_graph,
+    stage_mesh,
+)
+from flint.version import __version__
 
 Progress = Callable[[str, int, int], None]
 """Called as `progress(stage, done, total)` while a stage works through many items."""
@@ -73,6 +80,8 @@ class ExtractRequest:
     durations: str = "roofline"
     """`roofline` (the device's), or `xla`: the GPU compiler's own estimate of each kernel."""
     pipeline: PipelineRequest | None = None
+    model_args: tuple[tuple[str, Any], ...] = ()
+    """Keyword arguments of the model file's `workload(mesh, ...)`, in the order given."""
     command: str = ""
 
 
@@ -98,13 +107,14 @@ def _versions() -> dict[str, str]:
     import jax
     import jaxlib
 
-    return {"flint": flint.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    return {"flint": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
 
 
 def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> dict:
     return {
         "name": prefix,
         "model": extraction.workload.path.name,
+        "model_args": dict(request.model_args),
         "mesh": {"shape": list(request.mesh.shape), "axis_names": list(request.mesh.axis_names)},
         "ranks": request.mesh.size,
         "backend": str(request.backend),
@@ -184,7 +194,7 @@ def write_trace(
         request.device,
         extraction.groups,
         extraction.classes,
-        metadata={"producer": f"flint {flint.__version__}", "mesh": str(request.mesh)},
+        metadata={"producer": f"flint {__version__}", "mesh": str(request.mesh)},
         estimates=extraction.module.estimates if request.durations == "xla" else None,
     )
     ranks = request.mesh.size
@@ -262,7 +272,7 @@ def _stages(
             )
         compiled_mesh = stage_mesh(request.mesh, request.pipeline.stage_axis(request.mesh))
     mesh = make_virtual_mesh(compiled_mesh, request.backend)
-    workload, layout = apply_layout(load_workload(request.model, mesh), mesh, request.layout)
+    workload, layout = apply_layout(load_workload(request.model, mesh, dict(request.model_args)), mesh, request.layout)
     if on_layout:
         on_layout(layout)
     if request.pipeline:
@@ -279,7 +289,7 @@ def _stages(
         )
     program = parse_module(module)
     lap("parse")
-    graph = build_graph(program, compiled_mesh.size, request.loop_trips)
+    graph = build_graph(program, compiled_mesh.size, request.loop_trips, compiled_mesh)
     regions = None
     if request.pipeline:
         graph, regions = pipeline_graph(

@@ -2,12 +2,14 @@
 
 A model file is ordinary Python that imports JAX and defines::
 
-    def workload(mesh: jax.sharding.Mesh) -> tuple[Callable, tuple]:
+    def workload(mesh: jax.sharding.Mesh, **model_args) -> tuple[Callable, tuple]:
         return step, (params, batch)
 
 `step` is the function to extract (a training or inference step) and the tuple holds its positional
 arguments as pytrees of `jax.ShapeDtypeStruct` carrying `NamedSharding`s over `mesh` (or
-`flint.sharding.logical` arrays named by logical axes). Nothing is allocated: shapes and shardings
+`flint.sharding.logical` arrays named by logical axes). Keyword arguments after `mesh` (layers,
+widths, batch size) are the model's knobs: `flint extract --model-arg layers=16` and sweeps set them
+without editing the file. Nothing is allocated: shapes and shardings
 are all the compiler needs, so a 70B-parameter step fits anywhere. An optional
 `logical_rules(mesh) -> {name: axes}` gives the model's own rules for its logical axis names.
 
@@ -17,9 +19,12 @@ A model file that defines `model()` (an `nn.Module`) instead of `workload` is a 
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import inspect
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +122,40 @@ def _step_and_args(result: Any, path: Path) -> tuple[Any, Any]:
     return result
 
 
-def load_workload(path: Path, mesh) -> Workload:
-    """Run the model file and call its `workload(mesh)`."""
+def parse_model_arg(text: str) -> tuple[str, Any]:
+    """`NAME=VALUE` from the command line: VALUE as a Python literal (16, 0.5, True, 'gelu'), else
+    as the string it is."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise FlintError(f"--model-arg {text!r} is not NAME=VALUE: give e.g. --model-arg layers=16")
+    try:
+        return name.strip(), ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return name.strip(), value.strip()
+
+
+def _check_model_args(entry, model_args: Mapping[str, Any], path: Path) -> None:
+    """Refuse, before anything runs, a model argument that `workload` does not take."""
+    try:
+        inspect.signature(entry).bind(None, **model_args)
+    except TypeError:
+        params = list(inspect.signature(entry).parameters)[1:]
+        takes = f"it takes {', '.join(params)}" if params else "it takes none"
+        unknown = sorted(set(model_args) - set(params)) or sorted(model_args)
+        raise FlintError(
+            f"{path.name}: {ENTRY_POINT}(mesh, ...) has no model argument {unknown[0]!r}: {takes}"
+        ) from None
+
+
+def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None) -> Workload:
+    """Run the model file and call its `workload(mesh, **model_args)`."""
     path = Path(path).resolve()
+    model_args = dict(model_args or {})
     module = _import(path)
     if is_torch_model(module):
+        if model_args:
+            raise FlintError(f"{path.name} is a PyTorch model file: --model-arg is for a JAX model file's "
+                             f"{ENTRY_POINT}(mesh, **model_args)")
         return load_torch_workload(module, path, mesh, _where)
     entry = getattr(module, ENTRY_POINT, None)
     if not callable(entry):
@@ -129,8 +163,9 @@ def load_workload(path: Path, mesh) -> Workload:
             f"model file {path.name} defines no {ENTRY_POINT}(mesh) function: add one returning "
             "(step, args) with args as jax.ShapeDtypeStructs (see examples/mlp.py)"
         )
+    _check_model_args(entry, model_args, path)
     try:
-        result = entry(mesh)
+        result = entry(mesh, **model_args)
     except (Exception, SystemExit) as exc:
         raise FlintError(f"{path.name}: {ENTRY_POINT}(mesh) {_failed(exc, path)}") from exc
     step, args = _step_and_args(result, path)
