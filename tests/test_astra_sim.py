@@ -18,18 +18,17 @@ Two upstream behaviours shape how a run is read:
   detected` and SIGABRT (exit 134), or now and then a plain SIGSEGV (exit 139; about 1 run in 10
   of fsdp or torch_gpt here; the patched build exits 0 every time). Such a crash passes only when
   every rank printed its `finished` line and some rank's trace uses two or more groups.
-- The simulator logs asynchronously, so lines still queued are lost in that crash. The logging
-  config below (spdlog_setup TOML, read through `--logging-configuration`) registers the two
-  loggers whose lines are read, `workload` and `statistics`, as synchronous loggers before the
-  simulator asks for them; ASTRA-sim then adds its own sinks to them (stdout at info, flushed on
-  every line), so each line is on stdout when its call returns. `--logging-folder` keeps the
-  simulator's log files in the run's tmp directory.
+- The simulator logs asynchronously, so lines still queued are lost in that crash. The inputs
+  `flint simulate` writes (used here) include a logging config (spdlog_setup TOML, read through
+  `--logging-configuration`) that registers the two loggers whose lines are read, `workload` and
+  `statistics`, as synchronous loggers before the simulator asks for them; ASTRA-sim then adds its
+  own sinks to them (stdout at info, flushed on every line), so each line is on stdout when its call
+  returns. `--logging-folder` keeps the simulator's log files in the run's tmp directory.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -40,7 +39,10 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, extract, load_example
 
+from flint.devices import BUILTIN
 from flint.schema import et_def_pb2 as pb
+from flint.simulation.inputs import SimulationInputs
+from flint.simulation.network import network_for
 from flint.trace.reader import attr_value, find_traces, read_trace
 
 SIMULATOR = os.environ.get("ASTRA_SIM", "")
@@ -71,45 +73,6 @@ SLOWEST_FIRST = ["torch_gpt", "pipeline_manual", "fsdp", "gpt", "torch_mlp", "de
 """Extraction order, longest first: about 29, 20, 12, 12, 7, 4, 4, 4 and 3 CPU seconds, 100 in all."""
 
 PEAK_TFLOPS, MEM_GBPS = 989, 3350  # H100 SXM, the gpu:h100 roofline
-SYSTEM = {  # inputs/system-HGX-H100-validated.json of ASTRA-sim, without a roofline
-    "scheduling-policy": "LIFO",
-    "endpoint-delay": 10,
-    "active-chunks-per-dimension": 2,
-    "preferred-dataset-splits": 4,
-    "all-reduce-implementation": ["ring"],
-    "all-gather-implementation": ["ring"],
-    "reduce-scatter-implementation": ["ring"],
-    "all-to-all-implementation": ["ring"],
-    "collective-optimization": "localBWAware",
-    "boost-mode": 0,
-}
-ROOFLINE = {"roofline-enabled": 1, "peak-perf": PEAK_TFLOPS, "local-mem-bw": MEM_GBPS}
-MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
-NETWORK = """\
-topology: [ Switch ]
-npus_count: [ {npus} ]
-bandwidth: [ 400.0 ]  # GB/s
-latency: [ 936.25 ]  # ns
-"""  # inputs/HGX-H100-validated.yml of ASTRA-sim, with the trace's rank count
-LOGGING = """\
-# Synchronous loggers (spdlog_setup's default type) for the lines the tests read. A logger needs a
-# sink here; ASTRA-sim adds its stdout and log-file sinks to every logger it uses.
-[[sink]]
-name = "none"
-type = "null_sink_st"
-
-[[logger]]
-name = "workload"
-sinks = ["none"]
-level = "info"
-flush_level = "info"
-
-[[logger]]
-name = "statistics"
-sinks = ["none"]
-level = "info"
-flush_level = "info"
-"""
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles\.")
 GPU_TIME = re.compile(r"sys\[(\d+)\], GPU time: (\d+)")
 TEARDOWN_CRASH = {-signal.SIGABRT, -signal.SIGSEGV, 128 + signal.SIGABRT, 128 + signal.SIGSEGV}
@@ -162,22 +125,13 @@ class Simulation:
             len({attr_value(n, "pg_name") for n in read_trace(path).nodes if n.type == pb.COMM_COLL_NODE})
             for path in paths
         )
-        work.mkdir()
-        (work / "system.json").write_text(json.dumps({**SYSTEM, **(ROOFLINE if roofline else {})}))
-        (work / "network.yml").write_text(NETWORK.format(npus=self.ranks))
-        (work / "memory.json").write_text(json.dumps(MEMORY))
-        (work / "logging.toml").write_text(LOGGING)
+        # ASTRA-sim's validated HGX-H100 system and switch (400 GB/s, 936.25 ns) over every rank, as
+        # `flint simulate --network flat` writes them
+        inputs = SimulationInputs(work, directory / prefix, directory / f"{prefix}.comm_groups.json",
+                                  network_for("flat", [("ranks", self.ranks)]), BUILTIN["h100"], roofline)
+        inputs.write()
         done = subprocess.run(
-            [
-                SIMULATOR,
-                f"--workload-configuration={directory / prefix}",
-                f"--comm-group-configuration={directory / prefix}.comm_groups.json",
-                f"--system-configuration={work / 'system.json'}",
-                f"--network-configuration={work / 'network.yml'}",
-                f"--remote-memory-configuration={work / 'memory.json'}",
-                f"--logging-configuration={work / 'logging.toml'}",
-                f"--logging-folder={work / 'log'}",
-            ],
+            inputs.command(SIMULATOR),
             capture_output=True,
             text=True,
             cwd=work,

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from flint.cli import main
 
-COMMANDS = ("check", "extract", "graph", "inspect", "simulate", "timeline", "validate")
+COMMANDS = ("check", "extract", "graph", "inspect", "simulate", "sweep", "timeline", "validate")
 
 
 def help_text(*args: str, columns: int) -> str:
@@ -43,6 +43,6 @@ def test_help_mentions_pytorch_model_files():
 def test_group_help_lists_the_exit_codes():
     text = help_text(columns=80)
     codes = text.split("Exit codes:\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [line.split()[0] for line in codes] == ["0", "1", "2", "130"]
+    assert [line.split()[0] for line in codes] == ["0", "1", "2", "130", "143"]
     assert "check" in codes[1] and "validate" in codes[1]
-    assert "Ctrl-C" in codes[3]
+    assert "Ctrl-C" in codes[3] and "SIGTERM" in codes[4]

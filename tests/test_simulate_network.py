@@ -12,7 +12,7 @@ import math
 import pytest
 
 from flint.errors import FlintError
-from flint.simulate.network import Dimension, network_for
+from flint.simulation.network import Dimension, network_for
 from flint.trace.timing import Link
 
 NVLINK = ("Switch", 400.0, 936.25)

@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS = [
-    {"errors"},
+    {"errors", "version"},
     {"schema", "devices", "mesh", "sharding"},
     {"trace"},
     {"frontend"},
@@ -29,7 +29,9 @@ LAYERS = [
     {"isolation"},
     {"pipeline"},
     {"analysis"},
-    {"simulate"},
+    {"simulation"},
+    {"exploration"},
+    {"api"},
     {"cli"},
     {"launch"},
     {"__main__"},

@@ -16,8 +16,24 @@ stages before it and from the foundation below them all (`tests/test_structure.p
     isolation    a child process that Ctrl-C stops at once, leaving nothing behind
     pipeline     `extract()`: the stages in order, each artifact kept
     analysis     tools that read traces back: inspect, graph, timeline, validate
+    simulation   ASTRA-sim's inputs for a trace, its run and its results (`flint simulate`)
+    exploration  a grid of points, each extracted in a process of its own and simulated (`flint sweep`)
+    api          `flint.extract`, `flint.simulate`, `flint.sweep` for Python scripts
     cli          wiring only
     launch       the `flint` entry point: an interrupt while importing ends quietly
 """
 
-__version__ = "0.1.0"
+from flint.version import __version__
+
+__all__ = ["__version__", "extract", "simulate", "sweep"]
+_API = ("extract", "simulate", "sweep")
+
+
+def __getattr__(name: str):
+    """`flint.extract` and friends, imported on first use: `import flint` stays light (model
+    files import `flint.sharding`)."""
+    if name in _API:
+        from flint import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'flint' has no attribute {name!r}")

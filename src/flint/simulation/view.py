@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from flint.simulate.simulation import Simulation
+from flint.simulation.driver import Simulation
 
 
 def simulation_view(simulation: Simulation) -> Group:

@@ -17,11 +17,16 @@ from pathlib import Path
 from flint.analysis.timeline import load_timeline
 from flint.devices import Device, load_device
 from flint.errors import FlintError
-from flint.simulate.inputs import SimulationInputs, read_system_overrides
-from flint.simulate.network import Network, network_for
-from flint.simulate.run import RankResult, find_simulator, run_simulator
+from flint.simulation.inputs import SimulationInputs, read_system_overrides
+from flint.simulation.network import Network, network_for
+from flint.simulation.run import RankResult, find_simulator, run_simulator
 from flint.trace.errors import TraceFormatError
-from flint.trace.reader import MANIFEST, comm_groups_path, locate_traces, parse_trace_name
+from flint.trace.reader import (
+    MANIFEST,
+    comm_groups_path,
+    locate_traces,
+    parse_trace_name,
+)
 from flint.trace.timing import Link, NodeTimer
 
 RESULT = "result.json"

@@ -8,7 +8,7 @@ and idle time beside `flint timeline`'s estimate.
 May import: the foundation, `trace`, `analysis`.
 """
 
-from flint.simulate.network import PRESETS, Network, network_for
-from flint.simulate.simulation import SimulateRequest, Simulation, simulate
+from flint.simulation.driver import SimulateRequest, Simulation, simulate
+from flint.simulation.network import PRESETS, Network, network_for
 
 __all__ = ["PRESETS", "Network", "SimulateRequest", "Simulation", "network_for", "simulate"]

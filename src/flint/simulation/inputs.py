@@ -22,7 +22,7 @@ from typing import Any
 
 from flint.devices import Device
 from flint.errors import FlintError
-from flint.simulate.network import Network
+from flint.simulation.network import Network
 
 SYSTEM = {
     "scheduling-policy": "LIFO",

@@ -1,0 +1,165 @@
+"""Run one point of a sweep: extract it, schedule it, simulate it where ASTRA-sim is, summarise.
+
+The extraction is a `flint extract` command in its own process: JAX fixes its devices once per
+process, so a process per extraction is what lets one sweep visit many meshes (on whichever machine
+runs the point: a Ray worker runs this same function). Simulation needs no JAX and runs here. The point's result is one flat record (a CSV row), whatever happened:
+`ok`, `skipped` (extract refused the configuration as bad input, e.g. a size that does not divide,
+with its one-line reason) or `failed` (anything else, with its one-line error).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flint.errors import FlintError
+from flint.exploration.spec import Point, ranks
+from flint.simulation import SimulateRequest, simulate
+
+INTERRUPTED = {130, 143, -2, -15}
+"""Exit statuses of a `flint` command stopped by SIGINT or SIGTERM (as a shell or Python reports them)."""
+BAD_INPUT = 2
+
+
+class PointInterrupted(Exception):
+    """A point's command was stopped by a signal: the sweep is being interrupted, record nothing."""
+
+
+class Processes:
+    """The commands running now, so that an interrupted sweep can stop them all at once."""
+
+    def __init__(self) -> None:
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def run(self, command: list[str]) -> subprocess.CompletedProcess:
+        with self._lock:
+            if self.stopping:
+                raise PointInterrupted()
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._running.add(process)
+        try:
+            stdout, stderr = process.communicate()
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        if self.stopping or process.returncode in INTERRUPTED:
+            raise PointInterrupted()
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopping = True
+            for process in self._running:
+                process.terminate()
+
+
+def extract_command(model: Path, point: Point, output: Path) -> list[str]:
+    """`flint extract` for `point`, writing its trace to `output`."""
+    command = [sys.executable, "-m", "flint", "extract", str(model), "--mesh", point.mesh, "-o", str(output),
+               "--force", "--json"]
+    options = point.options
+    for option in ("backend", "stage", "strategy", "device", "durations"):
+        if option in options:
+            command += [f"--{option}", str(options[option])]
+    if stages := point.pipeline_stages:
+        command += ["--pipeline-stages", str(stages)]
+        for option in ("schedule", "microbatches", "virtual_stages"):
+            if option in options:
+                command += [f"--{option.replace('_', '-')}", str(options[option])]
+    for name, value in point.model_args.items():
+        command += ["--model-arg", f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"]
+    return command
+
+
+def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = None,
+              keep_traces: bool = False, processes: Processes | None = None) -> dict[str, Any]:
+    """Extract, schedule and (where ASTRA-sim is) simulate `point` in `workdir`; its record."""
+    processes = processes or Processes()
+    started = time.perf_counter()
+    workdir.mkdir(parents=True, exist_ok=True)
+    trace = workdir / "trace"
+    record = base_record(point)
+    try:
+        record |= _extract_and_simulate(model, point, trace, simulator, processes)
+    finally:
+        if not keep_traces:
+            shutil.rmtree(workdir, ignore_errors=True)
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    return record
+
+
+def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str | None,
+                          processes: Processes) -> dict[str, Any]:
+    started = time.perf_counter()
+    extracted = processes.run(extract_command(model, point, trace))
+    record: dict[str, Any] = {"extract_seconds": round(time.perf_counter() - started, 3)}
+    if extracted.returncode != 0:
+        status = "skipped" if extracted.returncode == BAD_INPUT else "failed"
+        return record | {"status": status, "reason": _one_line(extracted.stderr, extracted.returncode)}
+    record |= from_extraction(json.loads(extracted.stdout))
+    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator)
+    try:
+        simulated = simulate(request).as_json()
+    except FlintError as exc:
+        return record | {"status": "failed", "reason": f"simulate: {exc}"}
+    return record | from_simulation(simulated) | {"status": "ok"}
+
+
+COLUMNS = ("id", "status", "reason", "mesh", "ranks", "strategy", "pipeline_stages", "schedule", "microbatches",
+           "virtual_stages", "backend", "device", "network", "model_args", "step_us", "simulated_step_us",
+           "estimated_step_us", "compute_us", "exposed_communication_us", "idle_us", "memory_per_rank_bytes",
+           "device_memory_bytes", "fits", "flops_per_rank", "communication_bytes_per_rank", "extract_seconds",
+           "seconds")
+"""A record's fields, in the order of results.csv."""
+
+
+def base_record(point: Point) -> dict[str, Any]:
+    options = point.options
+    record = dict.fromkeys(COLUMNS)
+    record.update({
+        "id": point.key, "mesh": point.mesh, "ranks": ranks(point), "pipeline_stages": point.pipeline_stages,
+        "model_args": dict(point.model_args), "network": options.get("network", "hgx"),
+        **{k: options.get(k) for k in ("strategy", "backend", "device")},
+        **({k: options.get(k) for k in ("schedule", "microbatches", "virtual_stages")}
+           if point.pipeline_stages else {}),
+    })
+    return record
+
+
+def from_extraction(summary: dict) -> dict[str, Any]:
+    per_rank, memory = summary["per_rank"], summary.get("memory_per_rank") or {}
+    peak, device = memory.get("peak"), memory.get("device")
+    return {
+        "flops_per_rank": per_rank["flops"],
+        "communication_bytes_per_rank": sum(c["bytes"] for c in per_rank.get("collectives", {}).values()),
+        "memory_per_rank_bytes": peak,
+        "device_memory_bytes": device,
+        "fits": None if peak is None or not device else peak <= device,
+    }
+
+
+def from_simulation(result: dict) -> dict[str, Any]:
+    slowest = next((r for r in result["per_rank"] if r["rank"] == result["slowest_rank"]), {})
+    simulated, estimated = result["step_us"], result["timeline_estimate_us"]
+    return {
+        "simulated_step_us": simulated,
+        "estimated_step_us": estimated,
+        "step_us": simulated if simulated is not None else estimated,
+        "compute_us": slowest.get("compute_us"),
+        "exposed_communication_us": slowest.get("exposed_communication_us"),
+        "idle_us": slowest.get("idle_us"),
+    }
+
+
+def _one_line(stderr: str, returncode: int) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    line = lines[-1] if lines else f"exit {returncode}"
+    return line.removeprefix("error: ")[:300]

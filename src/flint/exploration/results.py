@@ -1,0 +1,63 @@
+"""A sweep's results on disk: `results.jsonl`, one record appended per finished point (the log a
+rerun resumes from), and `results.csv`, the latest record of every point, rewritten whole.
+
+The log is read back tolerantly: a run killed mid-write leaves a truncated last line, which is
+ignored (that point simply runs again).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from flint.exploration.point import COLUMNS
+
+LOG, TABLE = "results.jsonl", "results.csv"
+
+
+class ResultStore:
+    """The records of one sweep directory, by point id (the latest record of each)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.records: dict[str, dict[str, Any]] = {}
+        log = directory / LOG
+        if log.exists():
+            for line in log.read_text(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("id"), str):
+                    self.records[record["id"]] = record
+
+    def done(self, retry_failed: bool) -> set[str]:
+        """Points that need not run again: finished or skipped, and failed unless retried."""
+        again = {"failed"} if retry_failed else set()
+        return {key for key, record in self.records.items() if record.get("status") not in again}
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records[record["id"]] = record
+        with open(self.directory / LOG, "a") as log:
+            log.write(json.dumps(record, sort_keys=True) + "\n")
+            log.flush()
+            os.fsync(log.fileno())
+        self._write_table()
+
+    def _write_table(self) -> None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for record in self.records.values():
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in record.items()})
+        staged = self.directory / f".{TABLE}.tmp"
+        staged.write_text(buffer.getvalue())
+        os.replace(staged, self.directory / TABLE)
+
+    def ordered(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        return [self.records[k] for k in keys if k in self.records]

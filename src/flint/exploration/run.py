@@ -1,0 +1,131 @@
+"""Run a sweep's points, on this machine (`jobs` at a time) or as Ray tasks, recording each as it
+finishes. A rerun skips every point already recorded (failed ones too, unless `retry_failed`), so
+an interrupted sweep resumes where it stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flint.errors import FlintError
+from flint.exploration.point import PointInterrupted, Processes, base_record, run_point
+from flint.exploration.results import ResultStore
+from flint.exploration.spec import Point, SweepSpec, read_spec
+from flint.simulation.run import find_simulator
+
+POINTS = "points"
+"""The sweep directory's folder of per-point work (traces, simulator files), kept with keep_traces."""
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """`ray`: None runs on this machine; an address (or "auto", or "" for a new local instance)
+    runs the points as Ray tasks."""
+
+    spec: Path
+    output: Path
+    jobs: int = 1
+    ray: str | None = None
+    retry_failed: bool = False
+    keep_traces: bool = False
+    simulator: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    spec: SweepSpec
+    records: list[dict[str, Any]]
+    """Every point's latest record, in grid order."""
+    ran: int
+    reused: int
+
+
+def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = lambda done, total: None
+              ) -> SweepOutcome:
+    spec = read_spec(request.spec)
+    if not spec.model.is_file():
+        raise FlintError(f"sweep spec {request.spec}: model file {spec.model} not found")
+    try:
+        request.output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FlintError(f"cannot create sweep directory {request.output}: {exc.strerror}") from None
+    store = ResultStore(request.output)
+    done = store.done(request.retry_failed)
+    for point in spec.points:
+        if point.key in spec.skipped and point.key not in done:
+            store.add(base_record(point) | {"status": "skipped", "reason": spec.skipped[point.key]})
+            done.add(point.key)
+    todo = [p for p in spec.points if p.key not in done]
+    simulator = find_simulator(request.simulator)
+    simulator = str(simulator) if simulator else None
+    total, finished = len(spec.points), len(spec.points) - len(todo)
+    on_progress(finished, total)
+
+    def record(result: dict[str, Any]) -> None:
+        nonlocal finished
+        store.add(result)
+        finished += 1
+        on_progress(finished, total)
+
+    run = _run_on_ray if request.ray is not None else _run_here
+    run(request, spec, todo, simulator, record)
+    return SweepOutcome(spec, store.ordered(p.key for p in spec.points), len(todo), total - len(todo))
+
+
+def _workdir(request: SweepRequest, point: Point) -> Path:
+    return request.output / POINTS / point.key
+
+
+def _run_here(request, spec, todo, simulator, record) -> None:
+    processes = Processes()
+    with ThreadPoolExecutor(max_workers=request.jobs) as pool:
+        points = {pool.submit(run_point, spec.model, p, _workdir(request, p), simulator, request.keep_traces,
+                              processes): p for p in todo}
+        pending = set(points)
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    record(_outcome(future.result, points[future]))
+        except BaseException:
+            processes.stop()
+            for future in pending:
+                future.cancel()
+            raise
+
+
+def _outcome(result: Callable[[], dict[str, Any]], point: Point) -> dict[str, Any]:
+    """A point's record; one whose run broke in Flint's own code is a failed point, and the sweep
+    goes on."""
+    try:
+        return result()
+    except PointInterrupted:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded as the point's one-line error
+        return base_record(point) | {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _run_on_ray(request, spec, todo, simulator, record) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise FlintError("--ray needs Ray: pip install 'flint-traces[ray]'") from None
+    ray.init(address=request.ray or None, include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True, configure_logging=False)
+    remote = ray.remote(num_cpus=1)(run_point)
+    points = {remote.remote(spec.model, p, _workdir(request, p), simulator, request.keep_traces): p for p in todo}
+    pending = list(points)
+    try:
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for ref in finished:
+                record(_outcome(lambda: ray.get(ref), points[ref]))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        ray.shutdown()

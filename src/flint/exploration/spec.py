@@ -1,0 +1,172 @@
+"""A sweep's specification (a TOML file) and the grid of points it expands to.
+
+    model = "gpt.py"                      # the model file, relative to the spec
+    backend = "gpu:h100"                  # any extract option may be fixed here ...
+
+    [mesh]
+    ranks = 64                            # every factorization of 64 ranks over these axes,
+    axes = ["pp", "data", "tensor"]       # outermost first (or: shapes = ["data=8,tensor=8", ...])
+
+    [grid]                                # ... or varied here: the sweep runs their product
+    strategy = ["dp+tp", "fsdp+tp"]
+    schedule = ["1f1b", "gpipe"]
+    microbatches = [8]
+    network = ["hgx"]
+    model_args = { layers = [4], batch = [64] }
+
+A mesh axis named `pp` (or `stage`) larger than 1 pipelines the model over that many stages; the
+pipeline options (schedule, microbatches, virtual_stages) apply only there, so on a mesh without one
+their variants are the same point, skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from flint.errors import FlintError
+from flint.mesh import parse_mesh
+
+OPTIONS = ("backend", "stage", "strategy", "device", "network", "durations", "schedule", "microbatches",
+           "virtual_stages")
+"""What a point may set besides its mesh and model arguments (extract's and simulate's options)."""
+PIPELINE_OPTIONS = ("schedule", "microbatches", "virtual_stages")
+STAGE_AXES = ("pp", "stage")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of the sweep: `options` holds extract's and simulate's settings."""
+
+    mesh: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """A stable id: the same configuration has the same id in every run of the sweep."""
+        text = json.dumps(self.as_json(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def pipeline_stages(self) -> int | None:
+        mesh = parse_mesh(self.mesh)
+        sizes = [size for name, size in zip(mesh.axis_names, mesh.shape) if name in STAGE_AXES]
+        return sizes[0] if sizes and sizes[0] > 1 else None
+
+    def as_json(self) -> dict:
+        return {"mesh": self.mesh, **self.options, "model_args": dict(self.model_args)}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The model file and the points to run, in grid order."""
+
+    path: Path
+    model: Path
+    points: tuple[Point, ...]
+    skipped: Mapping[str, str]
+    """Point key -> why it does not run (the same as another point, for instance)."""
+
+
+def read_spec(path: Path) -> SweepSpec:
+    """Read and expand a sweep spec; every problem is one line naming the key."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FlintError(f"sweep spec {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlintError(f"cannot read sweep spec {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FlintError(f"sweep spec {path} is not valid TOML: {exc}") from None
+    model = data.get("model")
+    if not isinstance(model, str):
+        raise FlintError(f"sweep spec {path}: give the model file as model = \"model.py\" (relative to the spec)")
+    unknown = set(data) - {"model", "mesh", "grid", "model_args", *OPTIONS}
+    if unknown:
+        raise FlintError(f"sweep spec {path}: unknown key {sorted(unknown)[0]!r}: use model, mesh, grid, "
+                         f"model_args or one of {', '.join(OPTIONS)}")
+    grid = data.get("grid", {})
+    if not isinstance(grid, dict) or set(grid) - {"model_args", *OPTIONS}:
+        bad = sorted(set(grid) - {"model_args", *OPTIONS}) if isinstance(grid, dict) else ["grid"]
+        raise FlintError(f"sweep spec {path}: [grid] key {bad[0]!r} is not model_args or one of {', '.join(OPTIONS)}")
+    fixed = {k: data[k] for k in OPTIONS if k in data}
+    axes = {k: _values(grid[k], k, path) for k in OPTIONS if k in grid}
+    model_axes = {k: _values(v, f"model_args.{k}", path) for k, v in grid.get("model_args", {}).items()}
+    fixed_args = data.get("model_args", {})
+    points, skipped = _expand(_meshes(data.get("mesh"), path), fixed, axes, fixed_args, model_axes)
+    return SweepSpec(path, (path.parent / model).resolve(), tuple(points), skipped)
+
+
+def _values(value: Any, key: str, path: Path) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise FlintError(f"sweep spec {path}: [grid] {key} is an empty list")
+    return values
+
+
+def _meshes(mesh: Any, path: Path) -> list[str]:
+    """The meshes of a [mesh] table: listed shapes, or every factorization of a rank count."""
+    if not isinstance(mesh, dict) or not ({"shapes"} <= set(mesh) or {"ranks", "axes"} <= set(mesh)):
+        raise FlintError(f"sweep spec {path}: give [mesh] shapes = [\"data=8,tensor=8\", ...], or ranks = N "
+                         "and axes = [\"data\", \"tensor\"]")
+    if "shapes" in mesh:
+        shapes = _values(mesh["shapes"], "mesh.shapes", path)
+        for shape in shapes:
+            parse_mesh(str(shape))
+        return [str(s) for s in shapes]
+    ranks, axes = mesh["ranks"], mesh["axes"]
+    if not (isinstance(ranks, int) and ranks >= 1 and isinstance(axes, list) and axes
+            and all(isinstance(a, str) and a.isidentifier() for a in axes) and len(set(axes)) == len(axes)):
+        raise FlintError(f"sweep spec {path}: [mesh] ranks must be a positive integer and axes distinct names")
+    return [",".join(f"{a}={s}" for a, s in zip(axes, sizes)) for sizes in factorizations(ranks, len(axes))]
+
+
+def factorizations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every ordered way to write n as a product of `parts` positive factors."""
+    if parts == 1:
+        yield (n,)
+        return
+    for first in range(1, n + 1):
+        if n % first == 0:
+            for rest in factorizations(n // first, parts - 1):
+                yield (first, *rest)
+
+
+def _expand(meshes, fixed, axes, fixed_args, model_axes) -> tuple[list[Point], dict[str, str]]:
+    points, skipped, seen = [], {}, {}
+    option_names, model_names = list(axes), list(model_axes)
+    for mesh in meshes:
+        for option_values in itertools.product(*(axes[k] for k in option_names)):
+            for arg_values in itertools.product(*(model_axes[k] for k in model_names)):
+                point = Point(mesh, {**fixed, **dict(zip(option_names, option_values))},
+                              {**fixed_args, **dict(zip(model_names, arg_values))})
+                points.append(point)
+                effective = _effective(point)
+                if effective in seen:
+                    skipped[point.key] = (f"no pipeline axis (pp) on mesh {mesh}: the pipeline options do "
+                                          f"not apply; the same as point {seen[effective]}")
+                else:
+                    seen[effective] = point.key
+    return points, skipped
+
+
+def _effective(point: Point) -> str:
+    """What the point runs: its pipeline options count only on a mesh with a pipeline axis."""
+    options = dict(point.options)
+    if point.pipeline_stages is None:
+        for name in PIPELINE_OPTIONS:
+            options.pop(name, None)
+    return json.dumps({"mesh": point.mesh, **options, "model_args": dict(point.model_args)}, sort_keys=True)
+
+
+def ranks(point: Point) -> int:
+    return math.prod(parse_mesh(point.mesh).shape)

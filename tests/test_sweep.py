@@ -1,0 +1,155 @@
+"""`flint sweep`: the grid a spec expands to, counted by hand; a sweep that records every point,
+skips what cannot work with the reason, and resumes after being killed without redoing a point.
+
+The sweeps here run examples/mlp.py on the CPU backend (a few seconds a point). mlp per rank on
+data=dp, tensor=tp with batch b: five matmuls of 2 * (b/dp) * 1024 * (4096/tp) FLOPs and the SGD
+update of w_in and w_out, (1024 * 4096 / tp) values each at 2 FLOPs a value (a multiply and a
+subtract), plus elementwise work on activations (under 0.2% here); the gradients of w_in and w_out,
+in bf16, are all-reduced over the data group.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, flint
+
+from flint.exploration.spec import factorizations, read_spec
+
+BF16 = 2
+
+
+def test_factorizations_of_a_rank_count():
+    assert list(factorizations(12, 2)) == [(1, 12), (2, 6), (3, 4), (4, 3), (6, 2), (12, 1)]
+    # 64 = 2^6 over three axes: the ways to put six 2s in three places, C(8, 2)
+    found = list(factorizations(64, 3))
+    assert len(found) == len(set(found)) == math.comb(8, 2) == 28
+    assert all(math.prod(f) == 64 for f in found)
+
+
+def test_a_spec_expands_to_its_grid(tmp_path):
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(f'model = "{EXAMPLES / "gpt.py"}"\nbackend = "gpu:h100"\n'
+                    '[mesh]\nranks = 8\naxes = ["pp", "data", "tensor"]\n'
+                    '[grid]\nstrategy = ["dp+tp", "fsdp+tp"]\nschedule = ["1f1b", "gpipe"]\n'
+                    'model_args = { layers = [4] }\n')
+    expanded = read_spec(spec)
+    # 8 = 2^3 over three axes: C(5, 2) = 10 meshes, times 2 strategies, times 2 schedules
+    assert len(expanded.points) == 10 * 2 * 2
+    assert len({p.key for p in expanded.points}) == 40
+    # the 4 meshes with pp=1 run no pipeline: their gpipe points are their 1f1b points again
+    no_pipeline = [p for p in expanded.points if p.pipeline_stages is None]
+    assert len(no_pipeline) == 4 * 2 * 2
+    assert set(expanded.skipped) == {p.key for p in no_pipeline if p.options["schedule"] == "gpipe"}
+    assert all(p.options["backend"] == "gpu:h100" and p.model_args == {"layers": 4} for p in expanded.points)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('model = "m.py"\n[mesh]\nranks = 8\n', "give [mesh] shapes"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nlayers = [2]\n', "[grid] key 'layers' is not model_args"),
+    ('[mesh]\nshapes = ["8"]\n', "give the model file"),
+    ('model = "m.py"\n[mesh]\nshapes = ["data=0"]\n', "invalid --mesh 'data=0'"),
+])
+def test_a_bad_spec_is_one_line(tmp_path, text, message):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    run = flint("sweep", spec, "-o", tmp_path / "out")
+    assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def write_mlp_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "mlp.toml"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\n'
+                    '[mesh]\nshapes = ["data=2,tensor=2", "data=4,tensor=1"]\n'
+                    '[grid]\nmodel_args = { batch = [8, 6] }\n')
+    return spec
+
+
+def records(directory: Path) -> list[dict]:
+    return [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines()]
+
+
+def check_mlp_records(found: dict[tuple[str, int], dict]) -> None:
+    """By hand (module docstring); batch 6 does not divide over 4 data ranks."""
+    assert set(found) == {("data=2,tensor=2", 8), ("data=2,tensor=2", 6), ("data=4,tensor=1", 8),
+                          ("data=4,tensor=1", 6)}
+    skipped = found["data=4,tensor=1", 6]
+    assert skipped["status"] == "skipped" and "does not divide" in skipped["reason"]
+    for (mesh, batch), record in found.items():
+        if record is skipped:
+            continue
+        dp, tp = (int(part.split("=")[1]) for part in mesh.split(","))
+        assert record["status"] == "ok", record
+        assert record["ranks"] == 4
+        matmuls_and_update = 5 * 2 * (batch // dp) * 1024 * (4096 // tp) + 2 * 2 * 1024 * (4096 // tp)
+        assert matmuls_and_update <= record["flops_per_rank"] < 1.002 * matmuls_and_update
+        gradients = 2 * 1024 * 4096 // tp * BF16
+        assert gradients <= record["communication_bytes_per_rank"] < 1.01 * gradients
+        assert record["step_us"] > 0 and record["memory_per_rank_bytes"] > 2 * 1024 * 4096 // tp * BF16
+
+
+def by_point(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(r["mesh"], r["model_args"]["batch"]): r for r in rows}
+
+
+def test_a_killed_sweep_resumes_without_redoing_a_point(tmp_path):
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "flint", "sweep", str(spec), "-o", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while not ((out / "results.jsonl").exists() and (out / "results.jsonl").read_text().count("\n") >= 1):
+            assert first.poll() is None and time.monotonic() < deadline, "the sweep ended before a point"
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the sweep and the point it was running
+        first.wait()
+    before = records(out)
+    assert 1 <= len(before) < 4
+    run = flint("sweep", spec, "-o", out, "--json")
+    assert run.returncode == 0, run.stderr
+    after = records(out)
+    assert after[:len(before)] == before
+    ids = [r["id"] for r in after]
+    assert len(ids) == len(set(ids)) == 4  # every point once: none redone
+    check_mlp_records(by_point(json.loads(run.stdout)))
+    csv_rows = (out / "results.csv").read_text().splitlines()
+    assert len(csv_rows) == 1 + 4 and csv_rows[0].startswith("id,status,reason,mesh,ranks")
+    # a third run has nothing to do
+    again = flint("sweep", spec, "-o", out)
+    assert again.returncode == 0 and "(0 run now, 4 from earlier runs)" in again.stdout
+
+
+def test_sigterm_stops_the_sweep_and_its_points(tmp_path):
+    """SIGTERM to the sweep alone: it stops the point it is running, keeps what finished, and exits
+    143 with one line."""
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "out"
+    sweep = subprocess.Popen([sys.executable, "-m", "flint", "sweep", str(spec), "-o", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ((out / "results.jsonl").exists() and (out / "results.jsonl").read_text().count("\n") >= 1):
+        assert sweep.poll() is None and time.monotonic() < deadline, "the sweep ended before a point"
+        time.sleep(0.05)
+    sweep.send_signal(signal.SIGTERM)
+    _, stderr = sweep.communicate(timeout=30)
+    assert sweep.returncode == 143
+    assert stderr.strip().endswith("every finished point is recorded in " + str(out) + "; rerun to resume")
+    assert 1 <= len(records(out)) < 4
+    points = subprocess.run(["pgrep", "-f", str(out / "points")], capture_output=True, text=True).stdout
+    assert points == "", "a point's extraction outlived the sweep"
+
+
+def test_a_sweep_runs_on_ray(tmp_path):
+    pytest.importorskip("ray", reason="needs flint-traces[ray]")
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "out"
+    run = flint("sweep", spec, "-o", out, "--ray", "--json")
+    assert run.returncode == 0, run.stderr
+    check_mlp_records(by_point(json.loads(run.stdout)))
