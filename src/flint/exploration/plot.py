@@ -30,7 +30,7 @@ def plot_sweep(records: Sequence[dict[str, Any]], path: Path, title: str) -> Non
     ax.plot([r["memory_per_rank_bytes"] / 2**30 for r in front], [r["step_us"] / 1e3 for r in front],
             "k.-", label="Pareto front")
     for record in front:
-        ax.annotate(record["mesh"], (record["memory_per_rank_bytes"] / 2**30, record["step_us"] / 1e3),
+        ax.annotate(f"{record['mesh']} {record.get('strategy') or ''}".strip(), (record["memory_per_rank_bytes"] / 2**30, record["step_us"] / 1e3),
                     fontsize=7, xytext=(4, 4), textcoords="offset points")
     ax.set_xlabel("memory per rank (GiB)")
     ax.set_ylabel("step time (ms)")
