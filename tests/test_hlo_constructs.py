@@ -211,6 +211,29 @@ def test_collective_permute_pairs_and_self_pairs():
             0,
             (8 * 8 * 4 + 3 * 3 * 2 * 8 + 6 * 6 * 8) * 4,
         ),
+        # Padded ("same") 3x3 convolution on 4x4: per spatial dimension 4 outputs x 3 taps, less the
+        # 2 that read padding (output 0's first tap, output 3's last): 10. 2 * 1 * 3 out features * 2
+        # in features * 10 * 10.
+        (
+            "  x = f32[1,4,4,2] parameter(0)\n  k = f32[3,3,2,3] parameter(1)\n"
+            "  ROOT c = f32[1,4,4,3] convolution(x, k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f",
+            2 * 3 * 2 * 10 * 10,
+            0,
+            (4 * 4 * 2 + 3 * 3 * 2 * 3 + 4 * 4 * 3) * 4,
+        ),
+        # The input gradient of a stride-2, 2x2 convolution of 8x8 (4x4 outputs), as XLA writes it:
+        # the 4x4 output gradient dilated by 2 (zeros between its elements), padded by 1, under a 2x2
+        # window. Per dimension, 8 outputs x 2 taps = 16 pairs; 6 land on inserted zeros and 2 on
+        # padding, leaving 8: each real product once, as in the forward's 4 outputs x 2 taps. So the
+        # FLOPs equal the forward convolution's, 2 * 16 outputs * 4 taps.
+        (
+            "  g = f32[1,4,4,1] parameter(0)\n  k = f32[2,2,1,1] parameter(1)\n"
+            "  ROOT c = f32[1,8,8,1] convolution(g, k), window={size=2x2 pad=1_1x1_1 lhs_dilate=2x2}, "
+            "dim_labels=b01f_01io->b01f",
+            2 * 16 * 4,
+            0,
+            (4 * 4 + 2 * 2 + 8 * 8) * 4,
+        ),
         # Transcendental elementwise: 1 FLOP and 1 transcendental per element.
         ("  x = f32[64] parameter(0)\n  ROOT e = f32[64] exponential(x)", 64, 64, 64 * 4 * 2),
         # Reduce of 8x16 over dim 1 with an add body: (128 - 8) * 1 op.
@@ -230,7 +253,8 @@ def test_collective_permute_pairs_and_self_pairs():
             32 * 4 * 2 + 32,
         ),
     ],
-    ids=["batched-dot", "convolution", "grouped-convolution", "exp", "reduce", "pred-bytes"],
+    ids=["batched-dot", "convolution", "grouped-convolution", "padded-convolution",
+         "strided-convolution-input-gradient", "exp", "reduce", "pred-bytes"],
 )
 def test_cost_rules(entry, flops, transcendentals, nbytes):
     node = only_node(graph_of(entry, ranks=1))

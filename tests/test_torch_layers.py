@@ -2,9 +2,12 @@
 
 `examples/torch_cnn.py` on a 4-way data mesh, b = 32 / 4 images per rank, by hand:
 
-- convolutions: 2 · b · C_out · H_out · W_out · C_in · 3 · 3 FLOPs each; conv1 (3 -> 16 channels at
-  32x32) and conv2 (16 -> 32 at 16x16, after the max-pool) forward, each one's weight gradient,
-  and conv2's input gradient (the images need none);
+- convolutions: 2 · b · C_out · C_in · T² FLOPs each, T the (output, tap) pairs per spatial
+  dimension that read a real pixel: a 3x3 window with padding 1 over a side of n gives 3n - 2 (the
+  first output's first tap and the last output's last one read padding); conv1 (3 -> 16 channels
+  at 32x32, T = 94) and conv2 (16 -> 32 at 16x16 after the max-pool, T = 46) forward, each one's
+  weight gradient (the same pairs, seen from the weights) and conv2's input gradient (padding 1
+  again; the images need none);
 - matmuls: the classifier [2048 -> 10] forward, its weight and its input gradient;
 - collectives: every parameter's gradient all-reduced in f32, and no activation gathered across
   the batch (the pooling backwards are decomposed without index gathers).
@@ -31,8 +34,8 @@ def test_cnn_training_step_data_parallel(tmp_path):
     out = tmp_path / "t"
     extract(EXAMPLES / "torch_cnn.py", "4", out)
     b, group = 32 // 4, (0, 1, 2, 3)
-    conv1 = 2 * b * 16 * 32 * 32 * 3 * 9
-    conv2 = 2 * b * 32 * 16 * 16 * 16 * 9
+    conv1 = 2 * b * 16 * 3 * (3 * 32 - 2) ** 2
+    conv2 = 2 * b * 32 * 16 * (3 * 16 - 2) ** 2
     fc = 2 * b * 2048 * 10
     gradients = [16 * 3 * 9, 32 * 16 * 9, 16, 16, 32, 32, 10 * 2048, 10]  # conv, BatchNorm, fc
     for rank in range(4):

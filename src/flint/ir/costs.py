@@ -5,7 +5,11 @@ by hand from the op's shapes:
 
 - bytes: every operand plus every result at its element size (bf16 2, f8 1, pred 1, sub-byte packed);
 - `dot_general`: 2 x result elements x product of contracting sizes (batch dims are in the result);
-- `convolution`: 2 x result elements x kernel window x kernel input features (already per group);
+- `convolution`: 2 x batch x output features x kernel input features (already per group) x, per
+  spatial dimension, the (output position, kernel tap) pairs that read a real input element: not
+  padding, and not one of the zeros an lhs dilation inserts between elements (how XLA writes the
+  input gradient of a strided convolution). XLA's own cost analysis counts them so too; without
+  padding or dilation this is 2 x result elements x kernel window x kernel input features;
 - elementwise ops: 1 FLOP per result element; transcendental ones also count 1 each in
   `transcendentals`;
 - `reduce`: (input elements - result elements) x ops in the reducer body;
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from flint.ir.parse import FUSION, Op
 
@@ -61,6 +67,27 @@ class Cost:
     known: bool = True
 
 
+def _taps(outputs: int, kernel: int, inputs: int, stride: int, pad_low: int, lhs_dilation: int,
+          rhs_dilation: int) -> int:
+    """The (output position, kernel tap) pairs of one spatial dimension that read a real input
+    element of the padded, lhs-dilated input."""
+    position = (np.arange(outputs)[:, None] * stride + np.arange(kernel)[None, :] * rhs_dilation - pad_low)
+    real = (position >= 0) & (position <= (inputs - 1) * lhs_dilation) & (position % lhs_dilation == 0)
+    return int(real.sum())
+
+
+def _convolution_flops(op: Op, out: int) -> int:
+    lhs, kernel, result = op.operand_types[0].shape, op.operand_types[1].shape, op.result_types[0].shape
+    a = op.attrs
+    outputs = [result[d] for d in a["output_spatial"]]
+    taps = math.prod(
+        _taps(o, kernel[k], lhs[i], s, p, ld, rd)
+        for o, k, i, s, p, ld, rd in zip(outputs, a["kernel_spatial"], a["input_spatial"], a["strides"],
+                                         a["padding_low"], a["lhs_dilation"], a["rhs_dilation"])
+    )
+    return 2 * (out // max(math.prod(outputs), 1)) * kernel[a["kernel_input_feature"]] * taps
+
+
 def _bytes(op: Op) -> int:
     return sum(t.nbytes for t in op.operand_types) + sum(t.nbytes for t in op.result_types)
 
@@ -77,9 +104,7 @@ def _flops(op: Op) -> int | None:
     if op.opcode == "dot":
         return 2 * out * op.operand_types[0].shape[-1]
     if op.opcode == "convolution":
-        kernel = op.operand_types[1].shape
-        window = math.prod(kernel[d] for d in op.attrs["kernel_spatial"])
-        return 2 * out * window * kernel[op.attrs["kernel_input_feature"]]
+        return _convolution_flops(op, out)
     if op.opcode == "reduce":
         return (op.operand_types[0].elements - out) * body
     if op.opcode == "reduce_window":

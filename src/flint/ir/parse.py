@@ -119,6 +119,11 @@ def _ints(attr) -> tuple[int, ...]:
     return tuple(int(x) for x in attr)
 
 
+def _optional_ints(attributes, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """An optional integer-array attribute (padding flattened as low, high pairs), else `default`."""
+    return _ints(attributes[name]) if name in attributes else default
+
+
 def _replica_groups(attr, channel: int | None, context: "_Walker") -> np.ndarray:
     """Explicit `[groups, size]` ids from either encoding XLA writes: a dense list or mesh axes.
 
@@ -186,6 +191,14 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["kernel_spatial"] = tuple(dims.kernel_spatial_dimensions)
         out["kernel_input_feature"] = dims.kernel_input_feature_dimension
         out["feature_group_count"] = ir.IntegerAttr(attributes["feature_group_count"]).value
+        out["input_spatial"] = tuple(dims.input_spatial_dimensions)
+        out["output_spatial"] = tuple(dims.output_spatial_dimensions)
+        spatial = len(out["kernel_spatial"])
+        out["strides"] = _optional_ints(attributes, "window_strides", (1,) * spatial)
+        out["lhs_dilation"] = _optional_ints(attributes, "lhs_dilation", (1,) * spatial)
+        out["rhs_dilation"] = _optional_ints(attributes, "rhs_dilation", (1,) * spatial)
+        padding = _optional_ints(attributes, "padding", (0,) * (2 * spatial))
+        out["padding_low"] = padding[0::2]
     elif opcode == "constant":
         value = ir.DenseElementsAttr(attributes["value"])
         if isinstance(value.type.element_type, ir.IntegerType):
