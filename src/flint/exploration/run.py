@@ -76,7 +76,8 @@ def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = l
 
 
 def _workdir(request: SweepRequest, point: Point) -> Path:
-    return request.output / POINTS / point.key
+    """Absolute: a Ray worker need not share this process's working directory."""
+    return request.output.resolve() / POINTS / point.key
 
 
 def _run_here(request, spec, todo, simulator, record) -> None:
