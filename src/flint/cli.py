@@ -7,6 +7,8 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -48,6 +50,20 @@ def _other_click_error(exc: click.ClickException) -> NoReturn:
     sys.exit(2)
 
 
+@contextmanager
+def _click_errors_in_one_line() -> Iterator[None]:
+    """Click's errors, while it parses the command line or runs a command, as one line (exit 2);
+    `flint` alone still shows the help."""
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise
+    except click.UsageError as exc:
+        _usage_error(exc)
+    except click.ClickException as exc:
+        _other_click_error(exc)
+
+
 DEBUG = "flint.debug"
 """Key in `ctx.meta`, which every context of one command line shares, set by any `--debug`."""
 
@@ -76,24 +92,13 @@ class FlintGroup(click.Group):
         super().add_command(cmd, name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
+        with _click_errors_in_one_line():
             return super().parse_args(ctx, args)
-        except click.exceptions.NoArgsIsHelpError:
-            raise
-        except click.UsageError as exc:
-            _usage_error(exc)
-        except click.ClickException as exc:
-            _other_click_error(exc)
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
-        except click.exceptions.NoArgsIsHelpError:
-            raise
-        except click.UsageError as exc:
-            _usage_error(exc)
-        except click.ClickException as exc:
-            _other_click_error(exc)
+            with _click_errors_in_one_line():
+                return super().invoke(ctx)
         except FlintError as exc:
             if ctx.meta.get(DEBUG):
                 raise
@@ -597,9 +602,9 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
     a rank count over named axes), model arguments, strategies, pipeline schedules and microbatches,
     backends, devices and networks (see examples/sweep.toml). Each point is extracted in a process
     of its own (as flint extract), then scheduled and simulated (as flint simulate); its record
-    streams to DIR/results.jsonl and DIR/results.csv as it finishes. A rerun skips recorded points, so an interrupted sweep resumes.
-    Points that cannot work are recorded as skipped with the reason. At the end, the points that
-    fit in device memory are ranked by step time.
+    streams to DIR/results.jsonl and DIR/results.csv as it finishes. A rerun skips recorded
+    points, so an interrupted sweep resumes. Points that cannot work are recorded as skipped with
+    the reason. At the end, the points that fit in device memory are ranked by step time.
 
     \b
       flint sweep examples/sweep.toml -o sweeps/gpt64 --jobs 2 --plot sweeps/gpt64.png

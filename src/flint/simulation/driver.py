@@ -21,12 +21,7 @@ from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.network import Network, network_for
 from flint.simulation.run import RankResult, find_simulator, run_simulator
 from flint.trace.errors import TraceFormatError
-from flint.trace.reader import (
-    MANIFEST,
-    comm_groups_path,
-    locate_traces,
-    parse_trace_name,
-)
+from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
 from flint.trace.timing import Link, NodeTimer
 
 RESULT = "result.json"
@@ -130,12 +125,10 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
 
 def _manifest(directory: Path, prefix: str) -> dict:
     """Flint's manifest of this trace set, or {} for another producer's trace."""
-    path = directory / MANIFEST
     try:
-        manifest = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError) as exc:
-        raise FlintError(f"cannot read {path}: {exc}") from None
-    return manifest if isinstance(manifest, dict) and manifest.get("name", prefix) == prefix else {}
+        return read_manifest(directory, prefix) or {}
+    except TraceFormatError as exc:
+        raise FlintError(f"{exc}: extract the trace again") from None
 
 
 def _mesh_axes(manifest: dict, num_ranks: int) -> list[tuple[str, int]]:

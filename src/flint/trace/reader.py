@@ -193,17 +193,26 @@ def read_comm_groups(path: str | os.PathLike[str]) -> dict[int, tuple[int, ...]]
     return groups
 
 
-def manifest_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None:
-    """The rank count that a Flint manifest records for trace set `prefix`; None without a manifest,
-    or with one of another set (another producer's trace has none: its files must then do)."""
+def read_manifest(directory: str | os.PathLike[str], prefix: str) -> dict | None:
+    """The Flint manifest of trace set `prefix`; None without one, or with one of another set
+    (another producer's trace has none: its files must then do)."""
     path = Path(directory) / MANIFEST
     if not path.exists():
         return None
     recorded = _read_json(path, "manifest")
     if not isinstance(recorded, dict) or recorded.get("name", prefix) != prefix:
         return None
+    return recorded
+
+
+def manifest_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None:
+    """The rank count that the manifest of trace set `prefix` records (`read_manifest`)."""
+    recorded = read_manifest(directory, prefix)
+    if recorded is None:
+        return None
     ranks = recorded.get("ranks")
     if not _is_int(ranks) or ranks < 1:
+        path = Path(directory) / MANIFEST
         raise TraceFormatError(f"{path}: 'ranks' is {str(ranks)[:40]!r}, not a positive integer")
     return ranks
 
