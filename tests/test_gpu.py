@@ -68,6 +68,27 @@ def test_kernels_are_one_gemm_per_matmul(mlp_gpu):
         assert not [n for n in trace.nodes if attr_value(n, "op") in ("dot", "dot_general")]
 
 
+def test_cublas_calls_cost_their_matmuls(tmp_path):
+    """With its Triton GEMMs switched off (XLA_FLAGS, which Flint's compile honours), the GPU
+    compiler calls cuBLAS for every matmul: still five GEMM kernels per rank, each exactly its
+    matmul's FLOPs and the bf16 bytes of its two operands and its product, not of the scratch
+    workspace cuBLAS gets beside it."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2x4", "--backend", "gpu:h100", "-o", tmp_path / "t",
+                "--strict", env=env)
+    assert run.returncode == 0, run.stderr
+    b, d, h = mlp.BATCH // DP, mlp.D_MODEL, mlp.D_HIDDEN // TP
+    # x·w_in, h·w_out and the three backward products each read two of [b, d], [d, h], [b, h]
+    # and write the third
+    gemm = (2 * b * d * h, BF16 * (b * d + d * h + b * h))
+    for rank in range(DP * TP):
+        trace = read_trace(tmp_path / "t" / f"mlp.{rank}.et")
+        gemms = [(attr_value(n, "num_ops"), attr_value(n, "tensor_size")) for n in trace.nodes
+                 if attr_value(n, "kernel") == "gemm"]
+        assert gemms == [gemm] * 5, f"rank {rank}"
+        assert all(n.name.startswith("gemm mlp.py:") for n in trace.nodes if attr_value(n, "kernel") == "gemm")
+
+
 def test_collectives_bf16_and_combined(mlp_gpu):
     out, _ = mlp_gpu
     b, h = mlp.BATCH // DP, mlp.D_HIDDEN // TP

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import MODELS, extract, flint
 from models import ragged
 
@@ -10,11 +11,13 @@ from flint.trace.reader import attr_value, read_trace, read_trace_set
 from flint.trace.timing import group_id
 
 
-def test_ragged_all_to_all_is_an_all_to_all_of_its_whole_input(tmp_path):
-    """XLA:CPU stops after partitioning (it has no code for the op); the partitioned module is
-    traced. Each rank's all-to-all may send all of its [ROWS, COLS] f32 block: that is its size."""
+@pytest.mark.parametrize("backend", ["cpu", "gpu:h100"])
+def test_ragged_all_to_all_is_an_all_to_all_of_its_whole_input(tmp_path, backend):
+    """XLA:CPU stops after partitioning (it has no code for the op) and the partitioned module is
+    traced; the GPU compiler compiles it, as an asynchronous call of the collective. Each rank's
+    all-to-all may send all of its [ROWS, COLS] f32 block: that is its size."""
     out = tmp_path / "t"
-    extract(MODELS / "ragged.py", "4", out)
+    extract(MODELS / "ragged.py", "4", out, "--backend", backend)
     _, groups = read_trace_set(out)
     for rank in range(4):
         nodes = read_trace(out / f"ragged.{rank}.et").nodes
@@ -26,7 +29,7 @@ def test_ragged_all_to_all_is_an_all_to_all_of_its_whole_input(tmp_path):
 
 def test_the_optimised_stage_says_the_cpu_cannot_compile_it(tmp_path):
     out = tmp_path / "t"
-    run = flint("extract", MODELS / "ragged.py", "--mesh", "4", "--stage", "optimized", "-o", out)
+    run = flint("extract", MODELS / "ragged.py", "--mesh", "4", "--backend", "cpu", "--stage", "optimized", "-o", out)
     assert run.returncode != 0
     assert "ragged-all-to-all" in run.stderr and "could not compile" in run.stderr
     assert not out.exists()

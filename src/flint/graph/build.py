@@ -50,7 +50,7 @@ from flint.graph.reduce_scatter import ReduceScatter, reduce_scatters
 from flint.ir.costs import COLLECTIVE, FREE, cost_of, kernel_of
 from flint.ir.folding import Value, fold
 from flint.ir.loops import trip_count
-from flint.ir.parse import CONTROL_FLOW, FUSION, Op, Program, Region
+from flint.ir.parse import CONTROL_FLOW, Op, Program, Region
 from flint.mesh import MeshSpec
 
 
@@ -344,8 +344,8 @@ class _Builder:
                     transcendentals=cost.transcendentals,
                     bytes=cost.bytes,
                 )
-                if op.opcode == FUSION:
-                    attributes["kernel"] = kernel_of(op)
+                if kernel := kernel_of(op):
+                    attributes["kernel"] = kernel
                 if "instruction" in op.attrs:
                     attributes["instruction"] = op.attrs["instruction"]
                 self.add(op, attributes)

@@ -18,7 +18,10 @@ by hand from the op's shapes:
 - data movement (transpose, slice, concatenate, pad, gather, scatter, broadcast, ...): 0 FLOPs, bytes;
 - constants, reshapes, bitcasts and tuple plumbing: free, never emitted;
 - a fusion (optimised stage): the FLOPs of the ops inside it, the bytes of its own operands and
-  results, since the intermediate values never leave the kernel.
+  results, since the intermediate values never leave the kernel;
+- a cuBLAS call of the GPU compiler (`flint.ir.parse.LIBRARY_GEMMS`): the dot it runs, costed as
+  `dot_general`, and the bytes of its operands and product (not of its scratch workspace). A fused
+  epilogue (bias, activation) adds nothing, as in XLA's own cost analysis of these calls.
 """
 
 from __future__ import annotations
@@ -89,7 +92,9 @@ def _convolution_flops(op: Op, out: int) -> int:
 
 
 def _bytes(op: Op) -> int:
-    return sum(t.nbytes for t in op.operand_types) + sum(t.nbytes for t in op.result_types)
+    """Operands and results; a library gemm's tuple result counts as its product."""
+    results = (op.attrs["product"],) if "product" in op.attrs else op.result_types
+    return sum(t.nbytes for t in op.operand_types) + sum(t.nbytes for t in results)
 
 
 def _flops(op: Op) -> int | None:
@@ -98,8 +103,9 @@ def _flops(op: Op) -> int | None:
     body = op.attrs.get("body_ops", 1)
     if op.opcode in ELEMENTWISE:
         return out
-    if op.opcode == "dot_general":
+    if op.opcode == "dot_general" or "product" in op.attrs:
         lhs = op.operand_types[0].shape
+        out = op.attrs["product"].elements if "product" in op.attrs else out
         return 2 * out * math.prod(lhs[d] for d in op.attrs["lhs_contracting"])
     if op.opcode == "dot":
         return 2 * out * op.operand_types[0].shape[-1]
@@ -124,10 +130,15 @@ KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
 """A fusion (a kernel of the optimised module) that runs one of these is named after it."""
 
 
-def kernel_of(fusion: Op) -> str:
-    """What kind of kernel a fusion is: `gemm` or `conv` where it runs a matmul or a convolution
-    (with what the compiler fused around it), else `fusion` (element-wise work, reductions)."""
-    inner = {o.opcode for o in fusion.regions[0].ops}
+def kernel_of(op: Op) -> str | None:
+    """What kind of kernel an op of the optimised module is: a fusion is `gemm` or `conv` where it
+    runs a matmul or a convolution (with what the compiler fused around it), else `fusion`
+    (element-wise work, reductions); a cuBLAS call is `gemm`; anything else is not a kernel."""
+    if "product" in op.attrs:
+        return "gemm"
+    if op.opcode != FUSION:
+        return None
+    inner = {o.opcode for o in op.regions[0].ops}
     return next((kind for opcode, kind in KERNELS.items() if opcode in inner), "fusion")
 
 

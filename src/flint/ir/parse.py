@@ -9,6 +9,7 @@ cost depends on.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ FUSION = "fusion"
 CUSTOM_CALL_COLLECTIVES = frozenset({"ragged_all_to_all"})
 """Collectives StableHLO has no op for: the conversion writes them as custom calls whose backend
 config holds the channel and the replica groups."""
+LIBRARY_GEMMS = frozenset({"__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8"})
+"""Custom calls in which the GPU compiler runs a matmul in cuBLAS instead of a fusion of its own
+(`--xla_gpu_enable_triton_gemm=false`, or a dot its Triton emitter does not take). Their backend
+config holds the dot's dimension numbers; their result is a tuple of the product and a scratch
+workspace."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,8 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "select_and_scatter" and "window_dimensions" in attributes:
         out["window"] = _ints(attributes["window_dimensions"])
+    elif opcode == "custom_call" and _call_target(op) in LIBRARY_GEMMS:
+        out.update(_library_gemm(op))
     if "mhlo.frontend_attributes" in attributes:
         out.update(_marks(ir.DictAttr(attributes["mhlo.frontend_attributes"])))
     if opcode in CUSTOM_CALL_COLLECTIVES:  # its replica groups, below, are in the config too
@@ -237,6 +245,20 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
             ir.DenseIntElementsAttr(attributes["source_target_pairs"]), dtype=np.int64
         ).reshape(-1, 2)
     return out
+
+
+def _library_gemm(op) -> dict[str, Any]:
+    """A cuBLAS call's dot as `dot_general`'s attributes, and its product (the tuple's first
+    element; the workspace beside it is scratch) as `product`."""
+    from jaxlib.mlir import ir
+
+    config = json.loads(ir.StringAttr(op.attributes["backend_config"]).value)
+    dims = config["gemm_backend_config"]["dot_dimension_numbers"]
+    return {
+        "lhs_contracting": tuple(int(d) for d in dims.get("lhs_contracting_dimensions", ())),
+        "lhs_batching": tuple(int(d) for d in dims.get("lhs_batch_dimensions", ())),
+        "product": _tensor_type(ir.TupleType(op.results[0].type).get_type(0)),
+    }
 
 
 def _marks(frontend_attributes) -> dict[str, Any]:
@@ -303,14 +325,19 @@ def _source_line(location) -> str:
 def _opcode(op) -> str:
     """The op's name without its dialect; a collective the conversion to StableHLO writes as a
     custom call (`ragged_all_to_all`) goes by its target's name."""
+    opcode = op.name.split(".", 1)[1]
+    if opcode == "custom_call" and _call_target(op) in CUSTOM_CALL_COLLECTIVES:
+        return _call_target(op)
+    return opcode
+
+
+def _call_target(op) -> str:
+    """A custom call's target name (empty where it has none)."""
     from jaxlib.mlir import ir
 
-    opcode = op.name.split(".", 1)[1]
-    if opcode == "custom_call" and "call_target_name" in op.attributes:
-        target = ir.StringAttr(op.attributes["call_target_name"]).value
-        if target in CUSTOM_CALL_COLLECTIVES:
-            return target
-    return opcode
+    if "call_target_name" not in op.attributes:
+        return ""
+    return ir.StringAttr(op.attributes["call_target_name"]).value
 
 
 class _Walker:
@@ -348,17 +375,23 @@ class _Walker:
     def inline(self, call, env: dict, ops: list[Op]) -> None:
         from jaxlib.mlir import ir
 
-        callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
         if self.inline_depth > 64:
-            raise FlintError(f"call depth over 64 at @{callee}: recursive functions cannot be unrolled")
+            raise FlintError(
+                f"call depth over 64 at @{ir.FlatSymbolRefAttr(call.attributes['callee']).value}: "
+                "recursive functions cannot be unrolled"
+            )
         self.inline_depth += 1
-        body = self.region(
-            self.functions[callee].regions[0].blocks[0], {}, tuple(env[v] for v in call.operands)
-        )
+        body = self.region(self._callee(call, "callee"), {}, tuple(env[v] for v in call.operands))
         self.inline_depth -= 1
         ops.extend(body.ops)
         for value, vid in zip(call.results, body.results):
             env[value] = vid
+
+    def _callee(self, op, attribute: str):
+        """The body of the function `op` names in `attribute`."""
+        from jaxlib.mlir import ir
+
+        return self.functions[ir.FlatSymbolRefAttr(op.attributes[attribute]).value].regions[0].blocks[0]
 
     def op(self, op, opcode: str, env: dict) -> Op:
         operands = tuple(env[v] for v in op.operands)
@@ -366,6 +399,9 @@ class _Walker:
         regions: tuple[Region, ...] = ()
         if opcode in CONTROL_FLOW or opcode == FUSION:
             regions = tuple(self.region(r.blocks[0], dict(env)) for r in op.regions)
+            if not regions and "called_computation" in op.attributes:  # MHLO's async op (the
+                # conversion's form of a custom-call collective) calls a function: its region
+                regions = (self.region(self._callee(op, "called_computation"), {}),)
         elif len(op.regions):
             attrs["body_ops"] = sum(
                 1
