@@ -13,16 +13,14 @@ device order (slice by slice). The partitioned module numbers ranks the same way
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from flint.compile.gpu import GPUS, device_memory, gpu_devices, target_config
+from flint.compile.native_stderr import native_stderr_held
 from flint.errors import FlintError
 from flint.mesh import MeshSpec
 
@@ -86,7 +84,7 @@ def make_virtual_mesh(spec: MeshSpec, backend: Backend = CPU):
     Auto axes let the compiler propagate shardings from the inputs, which is what a model written for
     `jit` expects.
     """
-    with _quiet_native_stderr():
+    with native_stderr_held(replay_on_error=True):  # the CUDA plugin's no-driver line
         from jax.sharding import AxisType, Mesh
 
         if backend.gpu is not None:
@@ -98,32 +96,6 @@ def make_virtual_mesh(spec: MeshSpec, backend: Backend = CPU):
             devices = _cpu_devices(spec)
         grid = np.array(devices, dtype=object).reshape(spec.shape)
         return Mesh(grid, spec.axis_names, axis_types=(AxisType.Auto,) * len(spec.shape))
-
-
-@contextlib.contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
-    """Hold back what native code prints on stderr while JAX loads its plugins and starts its
-    backends.
-
-    An installed CUDA plugin logs that it found no CUDA driver each time JAX starts, on every
-    backend, although none is needed here. What was printed is passed on if starting fails
-    unexpectedly (not with a `FlintError`, which says what to do in its own line).
-    """
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        except FlintError:
-            raise
-        except BaseException:
-            os.dup2(saved, 2)
-            held.seek(0)
-            os.write(2, held.read())
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _before_backends_start(**settings) -> None:

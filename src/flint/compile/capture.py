@@ -10,11 +10,9 @@ directory.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -28,14 +26,13 @@ from flint.compile.gpu_module import (
     split_combined_collectives,
 )
 from flint.compile.memory import DeviceMemory
+from flint.compile.native_stderr import native_stderr_held
 from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
 from flint.frontend import Workload
 from flint.sharding import rules_in_effect
 
 STAGES = ("partitioned", "optimized")
-FATAL = 3
-"""absl's severity of the one kind of log line XLA still prints while Flint compiles."""
 WHOLE_LOOPS = {"xla_disable_hlo_passes": "small-while-loop-hoisting"}
 """XLA:CPU would wrap small while loops in calls it runs as single kernels, whose instructions the
 profiler cannot see. The graph unrolls a loop either way, so every compile of the step turns that
@@ -118,25 +115,21 @@ def _hlo_module_proto(dump: Path, stage: str, devices: int) -> bytes:
     except DecodeError:
         module = b""
     if not module:
-        raise FlintError(
-            f"XLA could not write the compiled module into {dump} (is the disk full?): free space "
-            "in the temp directory or set TMPDIR to a directory with room"
-        )
+        raise _temp_full(dump)
     return module
 
 
-@contextmanager
-def _xla_logs_silenced():
-    """XLA logs a line for each dump file it cannot write, hundreds when the temp directory is
-    full, and Flint reports that in one line; XLA's other failures reach Flint as exceptions."""
-    from jax._src.lib import utils
+def _is_temp_full(message: str) -> bool:
+    return tempfile.gettempdir() in message and any(
+        errno in message for errno in ("No space left", "File too large", "Disk quota exceeded")
+    )
 
-    utils.absl_set_min_log_level(FATAL)
-    try:
-        yield
-    finally:
-        level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")
-        utils.absl_set_min_log_level(int(level) if level.isdigit() else 0)
+
+def _temp_full(directory: Path | str) -> FlintError:
+    return FlintError(
+        f"XLA could not write into {directory} (is the disk full?): free space in the temp "
+        "directory or set TMPDIR to a directory with room"
+    )
 
 
 def for_conversion(module_proto: bytes) -> bytes:
@@ -255,9 +248,11 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         }
         memory = None
         try:
-            with _xla_logs_silenced():
+            with native_stderr_held(replay_on_error=False):
                 memory = DeviceMemory.of(lowered.compile(compiler_options=options))
         except Exception as exc:
+            if _is_temp_full(str(exc)):  # the GPU compiler writes temporary files of its own
+                raise _temp_full(tempfile.gettempdir()) from exc
             # The partitioned module is complete before code generation starts, so a backend that
             # cannot generate code for an op (XLA:CPU has no ragged all-to-all) has still written it.
             if stage != "partitioned" or len(_module_files(Path(tmp), stage, mesh.size)) != 1:
