@@ -10,8 +10,8 @@ process so that its peak RSS is its own:
 - `cpu`: the CPU backend, for meshes of up to 2,048 ranks (stage `partitioned`);
 - `tpu`: a v5p topology with pod slices (`flint-traces[tpu]`), at 4,096, 32,768 and 131,072 ranks
   (stage `partitioned`);
-- `gpu`: `--backend gpu:h100`, XLA's GPU compiler for that many virtual H100s (`flint-traces[gpu]`),
-  traced kernel by kernel (stage `optimized`, the backend's default), at any size.
+- `gpu`: `--backend gpu:h100` (the default backend), XLA's GPU compiler for that many virtual
+  H100s, traced kernel by kernel (stage `optimized`, the backend's default), at any size.
 
 By default meshes of up to 2,048 ranks run on `cpu` and larger ones on both `tpu` and `gpu`;
 `--backends` picks some of them (each at the sizes it supports). Every trace is deleted once

@@ -51,7 +51,7 @@ def test_malformed_mesh(tmp_path, mesh):
 
 def test_mesh_larger_than_backend(tmp_path):
     out = tmp_path / "out"
-    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "64x64", "-o", out)
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "64x64", "--backend", "cpu", "-o", out)
     assert_refused(run, out, "4096", "2048", "--backend tpu:")
 
 
@@ -106,13 +106,13 @@ def test_force_replaces_output_directory(tmp_path):
 
 def test_unknown_op_warns_once_and_strict_refuses(tmp_path):
     out = tmp_path / "out"
-    run = flint("extract", MODELS / "no_cost_rule.py", "--mesh", "2", "-o", out)
+    run = flint("extract", MODELS / "no_cost_rule.py", "--mesh", "2", "--backend", "cpu", "-o", out)
     assert run.returncode == 0, run.stderr
     warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "no cost rule" in warnings[0]
     strict = tmp_path / "strict"
     assert_refused(
-        flint("extract", MODELS / "no_cost_rule.py", "--mesh", "2", "-o", strict, "--strict"),
+        flint("extract", MODELS / "no_cost_rule.py", "--mesh", "2", "--backend", "cpu", "-o", strict, "--strict"),
         strict,
         "--strict",
     )

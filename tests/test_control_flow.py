@@ -53,7 +53,7 @@ def test_iteration_depends_on_the_previous_one(tmp_path):
 
 def test_loop_without_static_trip_count(tmp_path):
     out = tmp_path / "t"
-    run = flint("extract", MODELS / "dynamic_loop.py", "--mesh", "2", "-o", out)
+    run = flint("extract", MODELS / "dynamic_loop.py", "--mesh", "2", "--backend", "cpu", "-o", out)
     assert run.returncode != 0 and "--loop-trips" in run.stderr and "while" in run.stderr
     assert not out.exists()
     extract(MODELS / "dynamic_loop.py", "2", out, "--loop-trips", "3")

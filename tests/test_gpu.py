@@ -13,7 +13,6 @@ batch rows: 2*D_MODEL*h + 2*b*D_MODEL bf16 elements.
 from __future__ import annotations
 
 import filecmp
-import importlib.util
 import json
 import math
 import os
@@ -37,11 +36,6 @@ from conftest import (
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, read_trace
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
-    reason="needs XLA's GPU compiler: pip install 'flint-traces[gpu]'",
-)
 
 mlp = load_example("mlp")
 BF16, F32 = 2, 4
@@ -116,13 +110,25 @@ def test_schedule_is_kept(mlp_gpu):
     assert (manifest["backend"], manifest["stage"]) == ("gpu:h100", "optimized")
 
 
-def test_rerun_is_byte_identical(mlp_gpu, tmp_path):
+def test_rerun_is_byte_identical_and_the_default(mlp_gpu, tmp_path):
+    """A rerun with no --backend at all writes the same bytes: the GPU compiler for H100s is the
+    default backend."""
     out, _ = mlp_gpu
     again = tmp_path / "mlp"
-    extract(EXAMPLES / "mlp.py", "2x4", again, "--backend", "gpu:h100")
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2x4", "-o", again)
+    assert run.returncode == 0, run.stderr
     names = sorted(p.name for p in out.iterdir() if p.name != "manifest.json")
     _, mismatch, errors = filecmp.cmpfiles(out, again, names, shallow=False)
     assert (mismatch, errors) == ([], [])
+    assert json.loads((again / "manifest.json").read_text())["backend"] == "gpu:h100"
+
+
+def test_validate_refuses_a_gpu_trace(mlp_gpu):
+    """validate executes the step on the CPU, whose collectives are not the GPU compiler's."""
+    out, _ = mlp_gpu
+    run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "--backend cpu" in run.stderr
 
 
 def _system_cuda() -> list[Path]:
@@ -208,7 +214,8 @@ def test_xla_durations_change_only_durations(mlp_gpu, tmp_path):
 
 
 def test_xla_durations_need_the_gpu_compiler(tmp_path):
-    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2x4", "--durations", "xla", "-o", tmp_path / "x")
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2x4", "--backend", "cpu", "--durations", "xla",
+                "-o", tmp_path / "x")
     assert run.returncode == 2 and "--backend gpu" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
 

@@ -74,7 +74,7 @@ def test_one_rank_partitioned_is_the_whole_step(tmp_path):
     """No partitioner runs on one device: the trace is the unsharded step, with no collectives.
     The five matmuls of forward and backward (see tests/test_mlp.py) at full size."""
     out = tmp_path / "out"
-    run = run_flint("extract", EXAMPLES / "mlp.py", "--mesh", "1", "-o", out, "--json")
+    run = run_flint("extract", EXAMPLES / "mlp.py", "--mesh", "1", "--backend", "cpu", "-o", out, "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["ranks"] == 1
     assert [p.name for p in find_traces(out)[1]] == ["mlp.0.et"]
@@ -87,7 +87,8 @@ def test_one_rank_optimized_holds_the_five_full_matmuls(tmp_path):
     """At --stage optimized XLA:CPU fuses some matmuls, so they are counted by size: the five
     costliest nodes are the step's five matmuls, 2 * BATCH * D_MODEL * D_HIDDEN FLOPs each."""
     out = tmp_path / "out"
-    run = run_flint("extract", EXAMPLES / "mlp.py", "--mesh", "1x1", "--stage", "optimized", "-o", out)
+    run = run_flint("extract", EXAMPLES / "mlp.py", "--mesh", "1x1", "--backend", "cpu", "--stage", "optimized",
+                    "-o", out)
     assert run.returncode == 0, run.stderr
     nodes = read_trace(out / "mlp.0.et").nodes
     flops = sorted((attr_value(n, "num_ops") or 0 for n in nodes), reverse=True)

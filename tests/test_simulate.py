@@ -14,7 +14,6 @@ term is asserted within 3%, and the latency term exactly, from two runs that dif
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
@@ -30,10 +29,6 @@ SIMULATOR = os.environ.get("ASTRA_SIM", "")
 needs_simulator = pytest.mark.skipif(
     not (SIMULATOR and os.path.isfile(SIMULATOR) and os.access(SIMULATOR, os.X_OK)),
     reason="needs ASTRA-sim: set ASTRA_SIM to its astra-sim wrapper",
-)
-needs_gpu_compiler = pytest.mark.skipif(
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
-    reason="needs XLA's GPU compiler: pip install 'flint-traces[gpu]'",
 )
 ONE_CHUNK = {"preferred-dataset-splits": 1, "active-chunks-per-dimension": 1}
 
@@ -125,7 +120,6 @@ def test_a_compute_chain_takes_the_sum_of_its_durations(tmp_path):
 
 
 @needs_simulator
-@needs_gpu_compiler
 def test_tensor_parallel_traffic_ignores_the_outer_dimension(tmp_path):
     """examples/decode.py on 2x4 is inference: its only collectives are on tensor groups of 4
     consecutive ranks, which sit on dimension 0. Changing dimension 1's bandwidth changes nothing;
@@ -146,7 +140,6 @@ def test_tensor_parallel_traffic_ignores_the_outer_dimension(tmp_path):
 
 
 @needs_simulator
-@needs_gpu_compiler
 def test_a_data_and_tensor_parallel_step_is_near_the_alpha_beta_model(tmp_path):
     """examples/mlp.py on 2x4 (gpu:h100, hgx: one NVLink node): the step is at least the compute and
     within a small factor of the alpha-beta model of `flint timeline` on the same links."""

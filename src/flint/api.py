@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flint.compile.backend import parse_backend
+from flint.compile.backend import DEFAULT_BACKEND, parse_backend
 from flint.devices import load_device
 from flint.emit import check_name, prepare_output
 from flint.errors import FlintError
@@ -32,8 +32,8 @@ from flint.simulation import SimulateRequest
 from flint.simulation import simulate as run_simulation
 
 
-def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend: str = "cpu", slices: int = 1,
-                    stage: str | None = None, device: str = "h100", durations: str = "roofline",
+def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend: str = DEFAULT_BACKEND,
+                    slices: int = 1, stage: str | None = None, device: str = "h100", durations: str = "roofline",
                     name: str | None = None, strategy: str | None = None, rules: Iterable[str] = (),
                     shards: Iterable[str] = (), config: str | Path | None = None,
                     model_args: Mapping[str, Any] | Iterable[str] | None = None,

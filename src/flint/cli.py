@@ -24,6 +24,7 @@ from rich.progress import (
 )
 
 from flint.analysis.dot import MAX_NODES
+from flint.compile.backend import DEFAULT_BACKEND
 from flint.compile.capture import STAGES
 from flint.devices import BUILTIN, load_device
 from flint.emit.durations import DURATIONS
@@ -224,9 +225,9 @@ def _format_summary(summary: dict) -> None:
 @click.option("--durations", type=click.Choice(DURATIONS), default="roofline", show_default=True,
               help="Kernel times for duration_micros: the --device roofline, or xla: the GPU "
                    "compiler's own estimates (its latency-hiding scheduler), with --backend gpu.")
-@click.option("--backend", "backend_spec", default="cpu", show_default=True, metavar="BACKEND",
-              help="Virtual devices: cpu (up to 2,048), gpu:h100|h200|a100|b200|FILE (any count, "
-                   "needs flint-traces[gpu]), or tpu:TOPOLOGY such as tpu:v5p:16x16x32 "
+@click.option("--backend", "backend_spec", default=DEFAULT_BACKEND, show_default=True, metavar="BACKEND",
+              help="Virtual devices: gpu:h100|h200|a100|b200|FILE (XLA's GPU compiler, any count), "
+                   "cpu (the CPU compiler, up to 2,048), or tpu:TOPOLOGY such as tpu:v5p:16x16x32 "
                    "(needs flint-traces[tpu]).")
 @click.option("--slices", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Pod slices of the TPU topology (multi-slice); the mesh has all their devices.")

@@ -182,8 +182,8 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
 
 def _traced_layout(directory: Path) -> LayoutRequest:
     """The layout `directory` was extracted with, so the step runs as it was traced; refuses,
-    before any slow work, what is not a trace, and a Flint trace of another stage (its collectives
-    are not those that run)."""
+    before any slow work, what is not a trace, and a Flint trace of another backend or stage (its
+    collectives are not those that run)."""
     try:
         find_traces(directory)
     except (FileNotFoundError, ValueError) as exc:
@@ -192,6 +192,12 @@ def _traced_layout(directory: Path) -> LayoutRequest:
     if not manifest.exists():
         return LayoutRequest()  # not Flint's: compare it with the model's own layout
     recorded = json.loads(manifest.read_text())
+    backend = recorded.get("backend", "cpu")
+    if backend != "cpu":
+        raise FlintError(
+            f"{directory} was extracted on --backend {backend}, but the step runs on the CPU here: "
+            "extract it with --backend cpu --stage optimized to validate it"
+        )
     stage = recorded.get("stage")
     if stage != "optimized":
         raise FlintError(

@@ -2,7 +2,7 @@
 
 Nothing is ever executed: XLA only has to compile the step for the devices. The CPU client of
 jaxlib pretends to have many devices and is always there, but compiles for at most 2,048 of them. A
-GPU cluster (`flint.compile.gpu`, the `flint[gpu]` extra) is any number of NVIDIA GPUs of one kind,
+GPU cluster (`flint.compile.gpu`, the default: `gpu:h100`) is any number of NVIDIA GPUs of one kind,
 compiled for by XLA's GPU compiler with no GPU attached. A TPU topology (`libtpu`, the `flint[tpu]`
 extra) describes a pod, or several pod slices, likewise: 16 slices of v5p 16x16x32 are 131,072
 devices.
@@ -24,6 +24,10 @@ from flint.compile.native_stderr import native_stderr_held
 from flint.errors import FlintError
 from flint.mesh import MeshSpec
 
+DEFAULT_BACKEND = "gpu:h100"
+"""What `--backend` is when not given: the GPU compiler's kernels are what a simulator of a GPU
+cluster wants, and it compiles for any number of devices. The CPU backend stays for `flint
+validate`, which executes the step."""
 CPU_DEVICE_LIMIT = 2048
 """The most devices the CPU client compiles for; beyond, XLA refuses ("multiprocess")."""
 

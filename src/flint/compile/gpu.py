@@ -1,7 +1,7 @@
 """Virtual NVIDIA GPU clusters for XLA's GPU compiler, with no GPU attached.
 
-The CUDA plugin of jaxlib (`flint-traces[gpu]`: `jax-cuda12-plugin` and, for libdevice only,
-`nvidia-cuda-nvcc-cu12`) compiles ahead of time for a topology of `partitions x hosts x devices per
+The CUDA plugin of jaxlib (`jax-cuda12-plugin`, with `nvidia-cuda-nvcc-cu12` for libdevice only,
+both dependencies of Flint) compiles ahead of time for a topology of `partitions x hosts x devices per
 host` GPUs described by a `GpuTargetConfigProto`, the same description XLA would read off a real
 device. No CUDA driver is needed and nothing runs; the compiler fuses kernels, picks library calls
 and schedules asynchronous collectives exactly as for the real cluster.
@@ -119,7 +119,8 @@ def gpu_devices(ranks: int, name: str) -> list:
     """Compile-only devices of a cluster of `ranks` GPUs of one kind."""
     if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
         raise FlintError(
-            f"--backend gpu:{name} needs XLA's GPU compiler: pip install 'flint-traces[gpu]'"
+            f"--backend gpu:{name} needs XLA's GPU compiler, which is missing from this environment: "
+            "reinstall flint-traces (pip install --force-reinstall flint-traces), or use --backend cpu"
         )
     config = target_config(name)
     from jax.experimental import topologies
