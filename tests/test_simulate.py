@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -174,6 +175,18 @@ def test_without_a_simulator_it_writes_the_inputs_and_the_command(tmp_path, mlp_
     assert f"--network-configuration={out.resolve() / 'network.yml'}" in result["command"]
     text = flint("simulate", traces, "-o", out, env=without_simulator())
     assert text.returncode == 0 and "ASTRA-sim not found" in text.stdout
+
+
+def test_groups_under_another_name(tmp_path, mlp_traces):
+    """--groups names the communicator groups when they are not PREFIX.comm_groups.json: ASTRA-sim
+    and the estimate both read that file (mlp 2x4: the estimate needs the tensor and data groups)."""
+    traces = tmp_path / "traces"
+    shutil.copytree(mlp_traces("2x4"), traces)
+    groups = tmp_path / "groups.json"
+    (traces / "mlp.comm_groups.json").rename(groups)
+    result = simulate(traces, "-o", tmp_path / "inputs", "--groups", groups, env=without_simulator())
+    assert f"--comm-group-configuration={groups.resolve()}" in result["command"]
+    assert result["timeline_estimate_us"] > 0
 
 
 def stand_in(tmp_path: Path, ranks: int, exit_signal: str) -> Path:

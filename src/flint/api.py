@@ -113,9 +113,9 @@ def extract(model: str | Path, mesh: str, output: str | Path,
 
 def simulate(directory: str | Path, **options) -> dict:
     """Simulate a trace with ASTRA-sim (the options of `flint simulate`: network, roofline, device,
-    system, simulator, output, prefix, estimate, timeout); returns what `flint simulate --json`
-    prints."""
-    for path_option in ("system", "output"):
+    system, simulator, output, prefix, estimate, timeout, groups); returns what `flint simulate
+    --json` prints."""
+    for path_option in ("system", "output", "groups"):
         if options.get(path_option) is not None:
             options[path_option] = Path(options[path_option])
     return run_simulation(SimulateRequest(directory=Path(directory), **options)).as_json()

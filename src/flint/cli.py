@@ -546,8 +546,9 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop ASTRA-sim after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_groups_option
 def simulate(directory, network, roofline, device_spec, system, simulator, output, prefix, estimate, timeout,
-             as_json):
+             as_json, groups_file):
     """Simulate one step on a machine with ASTRA-sim.
 
     Writes ASTRA-sim's system, network and memory files for the trace in DIRECTORY: one network
@@ -567,7 +568,7 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
     _trace_set(directory, prefix)
     request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
-                              timeout=timeout)
+                              timeout=timeout, groups=groups_file)
     with _progress(as_json) as bars:
         task = bars.add_task("simulating ranks", total=None)
         result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))

@@ -33,7 +33,7 @@ class SimulateRequest:
     """What to simulate and on what: `network` is a preset name or an ASTRA-sim YAML file;
     `device` (a name or a JSON spec) overrides the manifest's; `output` holds ASTRA-sim's inputs
     and logs (default: DIR/astra-sim); `system` is a JSON file of ASTRA-sim system keys that
-    replace Flint's."""
+    replace Flint's; `groups` is a communicator-group file other than PREFIX.comm_groups.json."""
 
     directory: Path
     network: str = "hgx"
@@ -45,6 +45,7 @@ class SimulateRequest:
     prefix: str | None = None
     estimate: bool = True
     timeout: float | None = None
+    groups: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
              ) -> Simulation:
     """Write ASTRA-sim's inputs for the trace, run it if there is one, and read the results."""
     try:
-        files = locate_traces(request.directory, request.prefix)
+        files = locate_traces(request.directory, request.prefix, groups_file=request.groups)
     except (FileNotFoundError, TraceFormatError) as exc:
         raise FlintError(f"{exc}: give a directory written by `flint extract`") from None
     prefix = parse_trace_name(files.paths[0])[0]
@@ -96,7 +97,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     axes = _mesh_axes(manifest, files.num_ranks)
     device = load_device(request.device or manifest.get("device", {}).get("name", "h100"))
     network = network_for(request.network, axes)
-    groups_file = comm_groups_path(request.directory, prefix)
+    groups_file = request.groups or comm_groups_path(request.directory, prefix)
     inputs = SimulationInputs(  # absolute: ASTRA-sim runs in the inputs' directory
         directory=(request.output or request.directory / "astra-sim").resolve(),
         workload=request.directory.resolve() / prefix,
@@ -145,5 +146,6 @@ def _estimate(request: SimulateRequest, device: Device, network: Network) -> flo
     timeline = load_timeline(
         request.directory, request.prefix,
         lambda groups, num_ranks: NodeTimer(device, Link(), groups, num_ranks, network.link_for),
+        request.groups,
     )
     return timeline.step
