@@ -13,6 +13,13 @@ row-wise and the LM head column-wise) over the tensor axis, the batch over the o
     flint extract examples/hf_llama.py --mesh 2 -o traces/hf_llama          # data-parallel
     flint extract examples/hf_llama.py --mesh 2x2 -o traces/hf_llama_tp     # and the model's plan
 
+`--model-arg size=7b` builds Llama 2 7B's configuration instead (hidden 4096, 32 layers of 32
+heads, MLP 11008, vocabulary 32000; 6.7 B parameters, never allocated), and `batch=N`, `seq=N`
+set the batch:
+
+    flint extract examples/hf_llama.py --mesh 2x4 --backend cpu --model-arg size=7b --model-arg batch=2 --model-arg seq=128 \
+        -o traces/llama7b
+
 Without `loss_fn` (and `labels`), the step is inference: `model(**batch)` returns the logits and the
 prefill's key/value cache, which leave the step as `keys` and `values` per layer.
 """
@@ -30,14 +37,28 @@ CONFIG = LlamaConfig(
     num_key_value_heads=2,
     max_position_embeddings=SEQ,
 )
+CONFIGS = {
+    "small": CONFIG,
+    "7b": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+    ),
+}
 
 
-def model():
-    return LlamaForCausalLM(CONFIG)
+def model(size="small"):
+    if size not in CONFIGS:
+        raise ValueError(f"size={size!r}: use one of {', '.join(CONFIGS)}")
+    return LlamaForCausalLM(CONFIGS[size])
 
 
-def example_inputs():
-    tokens = torch.zeros(BATCH, SEQ, dtype=torch.int64)
+def example_inputs(batch=BATCH, seq=SEQ):
+    tokens = torch.zeros(batch, seq, dtype=torch.int64)
     return {"input_ids": tokens, "labels": tokens}
 
 

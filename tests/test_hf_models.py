@@ -20,7 +20,24 @@ per-token gradient of that pick comes back as a reduce-scatter of [B·S] f32.
 With the model's own plan over a tensor group T (2x2 mesh: T = 2, G = 2), the weights of the plan
 are split in two and, as in examples/torch_gpt.py (tests/test_torch.py), torch's attention core
 (a batched matmul over the merged batch and head dimensions) runs on all H heads: q, k and v are
-all-gathered over T in forward, the attention output's gradient in backward.
+all-gathered over T in forward, the attention output's gradient in backward. The activations
+[b·S, D] f32 are all-reduced over T wherever a split contraction leaves partial sums: in forward
+after the row-wise embedding and each layer's o and down projections (1 + 2·L), in backward the
+input gradient of the column-wise LM head and of each layer's q, k, v, gate and up projections,
+each on its own (1 + 5·L). The vocabulary split adds the loss's three reductions over it
+(b·S f32 each) and the target pick's gradient over the gathered index pairs ([B·S] f32).
+
+`examples/hf_causal_lm.py` builds Mistral (sliding window 8 < S: a different mask, the same
+matmuls) and Qwen2 (biases on q, k and v: no matmul, three more gradients per layer) in these
+sizes, so they have Llama's derivation.
+
+`examples/hf_llama_decode.py` is a Llama serving step (V = 256, D = 128, I = 256, L = 2, H = 8
+query heads sharing KV = 4 of k = 16): one decode token per sequence against a cache of S = 32
+positions given as inputs, or the prefill of S tokens (`--model-arg phase=prefill`); both keep
+only the last position's logits. Under the model's plan on 2x4 (T = 4, one sequence per data
+rank) the projections, the attention heads (QK^T and PV over S + 1 positions, or S x S in
+prefill) and the LM head split four ways; the activations are all-reduced after the embedding
+and each layer's o and down projections.
 """
 
 from __future__ import annotations
@@ -28,7 +45,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -71,7 +87,7 @@ def llama(tmp_path_factory):
     def get(mesh: str) -> Path:
         if mesh not in cache:
             out = tmp_path_factory.mktemp("hf_llama") / "traces"
-            done = limited("extract", LLAMA, "--mesh", mesh, "-o", out, "--json")
+            done = limited("extract", LLAMA, "--mesh", mesh, "--backend", "cpu", "-o", out, "--json")
             assert done.returncode == 0, done.stderr
             json.loads(done.stdout)
             cache[mesh] = out
@@ -133,11 +149,109 @@ def test_llama_own_tensor_parallel_plan(llama):
             [(AR, size, G) for size in llama_gradients(2)] + [(AR, F32, G), (AR, I64, G)]
             + [(AG, b * S * 2 * I64, G)] * 2 + [(RS, B * S * F32, G)]
         ), f"rank {rank}"
-        gathers = [c for c in found if c[0] == AG and c[2] == T]
-        assert gathers == [(AG, b * h * S * K * F32, T)] * (4 * L), f"rank {rank}"
-        # the loss's max, sum of exponentials and target logit over the vocabulary split
-        assert Counter(c for c in found if c[2] == T)[(AR, b * S * F32, T)] == 3, f"rank {rank}"
+        over_t = sorted(c for c in found if c[2] == T)
+        assert over_t == sorted(
+            [(AR, b * S * D * F32, T)] * (1 + 2 * L)  # forward: embedding, per layer o and down
+            + [(AR, b * S * D * F32, T)] * (1 + 5 * L)  # backward: LM head, per layer q, k, v, gate, up
+            + [(AR, b * S * F32, T)] * 3  # the loss's max, sum of exponentials and target logit
+            + [(AR, B * S * F32, T)]  # the target pick's gradient, over the gathered index pairs
+            + [(AG, b * h * S * K * F32, T)] * (4 * L)  # q, k, v and the attention output's gradient
+        ), f"rank {rank}"
+        assert len(found) == len(over_g) + len(over_t), f"rank {rank}"
     assert check_traces(directory) == []
+
+
+@pytest.mark.parametrize("family, biases", [("mistral", []), ("qwen2", [H * K, KV * K, KV * K])])
+def test_other_families_training_data_parallel(tmp_path, family, biases):
+    """examples/hf_causal_lm.py: Mistral and Qwen2 in Llama's sizes have Llama's matmuls (Mistral's
+    sliding window only masks; Qwen2's q, k and v biases add no matmul) and its collectives, plus
+    an all-reduce per bias gradient for Qwen2."""
+    out = tmp_path / "t"
+    run = flint("extract", EXAMPLES / "hf_causal_lm.py", "--mesh", "2", "--backend", "cpu",
+                "--model-arg", f"family={family}", "-o", out)
+    assert run.returncode == 0, run.stderr
+    b, group = B // 2, (0, 1)
+    expected = sorted(
+        [(AR, size, group) for size in llama_gradients(1) + [n * F32 for n in biases] * L]
+        + [(AR, F32, group), (AR, I64, group)]
+        + [(AG, b * S * 2 * I64, group)] * 2 + [(RS, B * S * F32, group)]
+    )
+    for rank in range(2):
+        assert matmuls_and_collectives(out, rank) == (llama_matmul_flops(b, H, 1), expected), f"rank {rank}"
+
+
+def test_other_families_configs_match_the_derivation():
+    families = load_example("hf_causal_lm").FAMILIES
+    for cls, c in families.values():
+        assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (V, D, I, L)
+        assert (c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads) == (H, KV, K)
+    assert families["mistral"][1].sliding_window < S  # the window masks, and still no matmul changes
+
+
+# ------------------------------------------------------------------------------ serving
+
+DECODE = EXAMPLES / "hf_llama_decode.py"
+DV, DD, DI, DH, DKV, DK, PAST = 256, 128, 256, 8, 4, 16, 32
+
+
+def serving_matmul_flops(b: int, tokens: int, keys: int, tensor: int) -> int:
+    """Per-rank matmul FLOPs of `tokens` new tokens per sequence attending over `keys` positions,
+    every weight of the plan and the heads split `tensor` ways, the LM head on one position."""
+    projections = DD * DH * DK + 2 * DD * DKV * DK + DH * DK * DD + 3 * DD * DI
+    core = 2 * (2 * b * DH * tokens * keys * DK)  # QK^T and PV, k and v repeated to every query head
+    return (L * (2 * b * tokens * projections + core) + 2 * b * DD * DV) // tensor
+
+
+def tensor_group(rank: int, size: int) -> tuple[int, ...]:
+    return tuple(range(rank // size * size, rank // size * size + size))
+
+
+def test_serving_config_matches_the_derivation():
+    c = load_example("hf_llama_decode").CONFIG
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (DV, DD, DI, L)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads) == (DH, DKV, DK)
+
+
+@pytest.mark.parametrize("phase, tokens, keys", [("decode", 1, PAST + 1), ("prefill", PAST, PAST)])
+def test_serving_under_the_models_plan_every_rank(tmp_path, phase, tokens, keys):
+    """2x4, batch 2 (b = 1 per data rank), the model's plan over T = 4: the decode step attends over
+    the S cached positions given as inputs plus its own; in each, the row-wise embedding and each
+    layer's o and down projections leave [b, tokens, D] f32 partial sums, all-reduced over T."""
+    out = tmp_path / "t"
+    run = flint("extract", DECODE, "--mesh", "2x4", "--backend", "cpu", "--model-arg", f"phase={phase}",
+                "-o", out, "--explain")
+    assert run.returncode == 0, run.stderr
+    if phase == "decode":  # the cache is an input of the step, one key and one value tensor per layer
+        explained = {line.split()[0]: line for line in run.stderr.splitlines() if line.startswith("batch/")}
+        for name in [f"batch/past_{kind}.{i}" for kind in ("keys", "values") for i in range(L)]:
+            assert f"[2, {DKV}, {PAST}, {DK}]" in explained[name]
+    for rank in range(8):
+        T = tensor_group(rank, 4)
+        assert matmuls_and_collectives(out, rank) == (
+            serving_matmul_flops(1, tokens, keys, 4), [(AR, tokens * DD * F32, T)] * (1 + 2 * L)
+        ), f"rank {rank}"
+    assert check_traces(out) == []
+
+
+def test_decode_data_parallel_has_no_collectives(tmp_path):
+    """--strategy dp with a batch of 8 on 2x4: a sequence and its cache per rank, the whole model
+    on each: every matmul of the step and nothing to communicate."""
+    out = tmp_path / "t"
+    run = flint("extract", DECODE, "--mesh", "2x4", "--backend", "cpu", "--strategy", "dp",
+                "--model-arg", "batch=8", "-o", out)
+    assert run.returncode == 0, run.stderr
+    for rank in range(8):
+        assert matmuls_and_collectives(out, rank) == (serving_matmul_flops(1, 1, PAST + 1, 1), []), f"rank {rank}"
+
+
+def test_model_argument_nothing_takes_is_refused(tmp_path):
+    run = flint("extract", DECODE, "--mesh", "2", "--backend", "cpu", "--model-arg", "layers=3", "-o", tmp_path / "t")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: hf_llama_decode.py: neither model() nor example_inputs() has a model argument 'layers': "
+        "they take batch, past, phase"
+    ]
+    assert not (tmp_path / "t").exists()
 
 
 def test_hugging_face_plan_read_as_layout():
@@ -173,7 +287,7 @@ def test_gpt2_inference_returns_its_output_object(tmp_path):
     step. Per rank (b = 2): per layer c_attn [D -> 3D], c_proj [D -> D], the MLP [D -> 4D -> D], QK^T
     and PV (2·b·S·S·D each over the heads), and the tied head [D -> V]; no collectives."""
     out = tmp_path / "t"
-    run = flint("extract", MODELS / "hf_gpt2.py", "--mesh", "2", "-o", out, "--json")
+    run = flint("extract", MODELS / "hf_gpt2.py", "--mesh", "2", "--backend", "cpu", "-o", out, "--json")
     assert run.returncode == 0, run.stderr
     b = B // 2
     per_layer = 2 * b * S * (3 * D * D + D * D + 8 * D * D) + 2 * (2 * b * S * S * D)
@@ -182,7 +296,7 @@ def test_gpt2_inference_returns_its_output_object(tmp_path):
 
 
 def test_unlowerable_op_is_named_with_its_line(tmp_path):
-    run = flint("extract", MODELS / "torch_fft.py", "--mesh", "2", "-o", tmp_path / "t")
+    run = flint("extract", MODELS / "torch_fft.py", "--mesh", "2", "--backend", "cpu", "-o", tmp_path / "t")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "error: torch_fft.py: torch-mlir cannot lower aten._fft_r2c (at torch_fft.py:13 "
@@ -195,7 +309,7 @@ def test_out_of_memory_in_lowering_keeps_its_diagnostic(tmp_path):
     """Without the bound on rotary slices' backward, torch-mlir allocates until the limit: the
     one-line error keeps `std::bad_alloc`."""
     patch = "import flint.frontend.torch_bridge as bridge\nbridge._clamp_slice_ends = lambda graph: None"
-    done = limited("extract", LLAMA, "--mesh", "2", "-o", tmp_path / "t", patch=patch)
+    done = limited("extract", LLAMA, "--mesh", "2", "--backend", "cpu", "-o", tmp_path / "t", patch=patch)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: hf_llama.py: torch-mlir cannot lower the step to StableHLO: std::bad_alloc"
@@ -203,7 +317,7 @@ def test_out_of_memory_in_lowering_keeps_its_diagnostic(tmp_path):
 
 
 def test_plan_on_a_norm_is_refused_before_tracing(tmp_path):
-    run = flint("extract", MODELS / "hf_bad_plan.py", "--mesh", "2x2", "-o", tmp_path / "t")
+    run = flint("extract", MODELS / "hf_bad_plan.py", "--mesh", "2x2", "--backend", "cpu", "-o", tmp_path / "t")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "error: hf_bad_plan.py: tp_plan entry 'layers.*.input_layernorm' matches "

@@ -83,3 +83,28 @@ def test_pooling_backwards_equal_torch(kernel, stride, padding, dilation, ceil_m
             grad, x.detach(), [kernel], strides, [padding], False, True, None
         )
         assert torch.allclose(found, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dim, correction, keepdim, dtype",
+    [([0, 2, 3], 0, True, "float32"), ([1], None, False, "float32"), (None, 1, False, "float32"),
+     ([-1], 2, True, "bfloat16")],
+)
+def test_batch_statistics_equal_torch_in_f32(dim, correction, keepdim, dtype):
+    """BatchNorm's `var_mean` (and `var`), decomposed so that torch-mlir does not widen the
+    activation to f64, give torch's values, in the input's dtype."""
+    import torch
+
+    from flint.frontend.torch_decompositions import decompositions
+
+    aten = torch.ops.aten
+    table = decompositions()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 4).to(getattr(torch, dtype))
+    expected = torch.var_mean(x.float(), dim, correction=1 if correction is None else correction, keepdim=keepdim)
+    var, mean = table[aten.var_mean.correction](x, dim, correction=correction, keepdim=keepdim)
+    alone = table[aten.var.correction](x, dim, correction=correction, keepdim=keepdim)
+    tolerance = 1e-6 if dtype == "float32" else 2e-2
+    for found, value in ((var, expected[0]), (mean, expected[1]), (alone, expected[0])):
+        assert found.dtype == x.dtype and found.shape == value.shape
+        assert torch.allclose(found.float(), value, atol=tolerance, rtol=tolerance)

@@ -232,7 +232,8 @@ def _format_summary(summary: dict) -> None:
 @click.option("--slices", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Pod slices of the TPU topology (multi-slice); the mesh has all their devices.")
 @click.option("--model-arg", "model_args", multiple=True, metavar="NAME=VALUE",
-              help="Keyword argument of the model file's workload(mesh, ...), e.g. layers=16 (repeatable).")
+              help="Keyword argument of the model file's workload(mesh, ...) (PyTorch: of model() or "
+                   "example_inputs()), e.g. layers=16 (repeatable).")
 @click.option("--dump-ir", type=click.Path(path_type=Path), metavar="DIR",
               help="Also write the traced StableHLO module as text into DIR.")
 @click.option("--loop-trips", type=click.IntRange(min=0), metavar="N",

@@ -153,10 +153,7 @@ def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None)
     model_args = dict(model_args or {})
     module = _import(path)
     if is_torch_model(module):
-        if model_args:
-            raise FlintError(f"{path.name} is a PyTorch model file: --model-arg is for a JAX model file's "
-                             f"{ENTRY_POINT}(mesh, **model_args)")
-        return load_torch_workload(module, path, mesh, _where)
+        return load_torch_workload(module, path, mesh, _where, model_args)
     entry = getattr(module, ENTRY_POINT, None)
     if not callable(entry):
         raise FlintError(

@@ -10,7 +10,12 @@ they are decomposed further here, into ops it lowers and XLA partitions along th
   it for an average) padded into place at the input positions it came from. torch's own max-pool
   decompositions gather by computed indices instead, which the partitioner answers by gathering
   the whole activation across the batch;
-- `empty_permuted` (dropout's random mask) becomes a plain `empty`: StableHLO has no memory layouts.
+- `empty_permuted` (dropout's random mask) becomes a plain `empty`: StableHLO has no memory layouts;
+- `native_batch_norm` takes torch's own decomposition, so that its batch statistics are a
+  `var_mean`, and `var_mean` and `var` become a sum, a centred sum of squares and their divisions,
+  in f32 (a half-precision input is widened first, as torch's kernels accumulate): torch-mlir's
+  own lowerings convert the whole activation to f64, which no GPU run does, and which would double
+  the bytes of those reductions and send the statistics' all-reduces in f64.
 """
 
 from __future__ import annotations
@@ -19,16 +24,37 @@ from __future__ import annotations
 def decompositions() -> dict:
     """The decomposition table for `make_fx`."""
     import torch
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     aten = torch.ops.aten
     return {
         **core_aten_decompositions(),
+        aten.native_batch_norm.default: decomposition_table[aten.native_batch_norm.default],
         aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
         aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
         aten.avg_pool2d_backward.default: _avg_pool2d_backward,
         aten.empty_permuted.default: _empty_permuted,
+        aten.var_mean.correction: _var_mean,
+        aten.var.correction: lambda *args, **options: _var_mean(*args, **options)[0],
     }
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """(variance, mean) over `dim` (every dimension when None or empty), dividing the centred sum of squares
+    by the count less `correction` (1 when None), as `torch.var_mean`; in f32 for half types."""
+    import math
+
+    import torch
+
+    dims = [d % x.dim() for d in dim] if dim else list(range(x.dim()))  # None or [] reduce every dimension
+    acc = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    count = math.prod(x.shape[d] for d in dims)
+    mean = torch.sum(acc, dims, keepdim=True) / count
+    centred = acc - mean
+    var = torch.sum(centred * centred, dims, keepdim=keepdim) / (count - (1 if correction is None else correction))
+    if not keepdim:
+        mean = mean.squeeze(dims)
+    return var.to(x.dtype), mean.to(x.dtype)
 
 
 def _empty_permuted(shape, physical_layout, **options):

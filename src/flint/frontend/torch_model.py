@@ -12,6 +12,12 @@ A PyTorch model file defines (see `examples/torch_mlp.py`, `examples/torch_gpt.p
                                            # a transformers model's own `tp_plan`)
     mode = "train"                         # or "forward" (default: "train" when loss_fn exists)
 
+The model's knobs (layers, batch size, a decode or prefill phase) are keyword arguments of `model()`
+and `example_inputs()`: `flint extract --model-arg NAME=VALUE` passes each to whichever of the two
+names it (or takes `**kwargs`), as it passes a JAX file's to `workload(mesh, ...)`; a name neither
+takes is refused before anything runs. `--model-arg mode=forward` (or `train`) replaces the file's
+`mode`, so one file gives its training and its inference step.
+
 The training step is `step(params, opt, batch) -> (params, opt, loss)` (SGD: no `opt`) and the
 inference step `step(params, batch) -> output`; a model with buffers gets a `buffers` argument
 before `batch`. Inputs are named by module path: `params/layers.0.fc1.weight`, `opt/m/...`,
@@ -20,6 +26,7 @@ before `batch`. Inputs are named by module path: `params/layers.0.fc1.weight`, `
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +34,7 @@ from typing import Any
 
 from flint.errors import FlintError
 
-MODEL_ENTRY, INPUTS_ENTRY = "model", "example_inputs"
+MODEL_ENTRY, INPUTS_ENTRY, MODE = "model", "example_inputs", "mode"
 OPTIMIZER_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "sgd": {"lr": 0.01},
     "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
@@ -78,35 +85,56 @@ class TorchModel:
 # ------------------------------------------------------------------------------ the convention
 
 
-def _call(module, name: str, path: Path, where: Callable[[BaseException, Path], str]):
+def _takes(entry: Callable, name: str) -> bool:
+    """Whether `entry` accepts a keyword argument `name`."""
+    params = inspect.signature(entry).parameters.values()
+    return any((p.name == name and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _check_model_args(module, path: Path, model_args: Mapping[str, Any]) -> None:
+    """Refuse, before anything runs, a model argument that neither model() nor example_inputs() takes."""
+    entries = [getattr(module, name) for name in (MODEL_ENTRY, INPUTS_ENTRY)]
+    for arg in sorted(set(model_args) - {MODE}):
+        if not any(_takes(entry, arg) for entry in entries):
+            names = [p for entry in entries for p in inspect.signature(entry).parameters]
+            takes = f"they take {', '.join(dict.fromkeys(names))}" if names else "they take none"
+            raise FlintError(
+                f"{path.name}: neither {MODEL_ENTRY}() nor {INPUTS_ENTRY}() has a model argument {arg!r}: {takes}"
+            )
+
+
+def _call(module, name: str, path: Path, where: Callable[[BaseException, Path], str], model_args):
     import torch
 
+    entry = getattr(module, name)
     try:
         with torch.device("meta"):
-            return getattr(module, name)()
+            return entry(**{arg: value for arg, value in model_args.items() if _takes(entry, arg)})
     except Exception as exc:
         raise FlintError(
             f"{path.name}: {name}() raised {type(exc).__name__} at {where(exc, path)}: {exc}"
         ) from exc
 
 
-def read_model(module, path: Path, where) -> TorchModel:
-    """The declarations of a PyTorch model file, checked."""
+def read_model(module, path: Path, where, model_args: Mapping[str, Any] | None = None) -> TorchModel:
+    """The declarations of a PyTorch model file, checked, built with the given model arguments."""
     import torch
 
+    model_args = dict(model_args or {})
     if not callable(getattr(module, INPUTS_ENTRY, None)):
         raise FlintError(
             f"{path.name} defines model() but no {INPUTS_ENTRY}(): add one returning the batch as "
             "{name: tensor} (see examples/torch_mlp.py)"
         )
-    net = _call(module, MODEL_ENTRY, path, where)
+    _check_model_args(module, path, model_args)
+    net = _call(module, MODEL_ENTRY, path, where, model_args)
     if not isinstance(net, torch.nn.Module):
         raise FlintError(f"{path.name}: model() must return a torch.nn.Module, got {type(net).__name__}")
-    batch = _call(module, INPUTS_ENTRY, path, where)
+    batch = _call(module, INPUTS_ENTRY, path, where, model_args)
     if not isinstance(batch, Mapping) or not all(isinstance(t, torch.Tensor) for t in batch.values()):
         raise FlintError(f"{path.name}: {INPUTS_ENTRY}() must return a dict of name -> torch.Tensor")
     loss_fn = getattr(module, "loss_fn", None)
-    mode = getattr(module, "mode", "train" if loss_fn else "forward")
+    mode = model_args.get(MODE, getattr(module, MODE, "train" if loss_fn else "forward"))
     if mode not in ("train", "forward") or (mode == "train" and loss_fn is None):
         raise FlintError(
             f"{path.name}: mode = {mode!r}: use 'forward', or 'train' with a loss_fn(model, batch)"

@@ -104,14 +104,15 @@ def _tensor_parallel(names: list[str], dims: Mapping[str, int | None]) -> dict[s
     return {f"{prefix}/{name}": dim for prefix in prefixes for name, dim in dims.items()}
 
 
-def load_torch_workload(module, path: Path, mesh, where):
-    """The `Workload` of a PyTorch model file: the traced step, its inputs and the model's layout."""
+def load_torch_workload(module, path: Path, mesh, where, model_args: Mapping[str, object] | None = None):
+    """The `Workload` of a PyTorch model file, built with `model_args`: the traced step, its inputs
+    and the model's layout."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     require_torch(path.name)
-    spec = read_model(module, path, where)
+    spec = read_model(module, path, where, model_args)
     planned = plan_dims(spec.module, spec.tp_plan, path)
     step, names, trees = build_step(spec, path, where)
     declared = _tensor_parallel(names, planned)
