@@ -60,10 +60,16 @@ EXAMPLE_MESHES = {
     "decode": "2x4",
     "torch_mlp": "2x4",
     "torch_gpt": "2x4",
+    "torch_cnn": "2x4",
+    "resnet_torch": "2x4",
+    "hf_llama": "2x4",
+    "hf_causal_lm": "2x4",
+    "hf_llama_decode": "2x4",
     "pipeline_manual": "pp=4",
 }
-SLOWEST_FIRST = ["torch_gpt", "pipeline_manual", "fsdp", "gpt", "torch_mlp", "decode", "moe", "moe_gshard", "mlp"]
-"""Extraction order, longest first: about 29, 20, 12, 12, 7, 4, 4, 4 and 3 CPU seconds, 100 in all."""
+SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "torch_gpt", "pipeline_manual", "hf_llama_decode",
+                 "fsdp", "gpt", "torch_cnn", "torch_mlp", "decode", "moe", "moe_gshard", "mlp"]
+"""Extraction order, longest first: the Hugging Face models and ResNet take 15 to 40 s, mlp 2 s."""
 
 PEAK_TFLOPS, MEM_GBPS = 989, 3350  # H100 SXM, the gpu:h100 roofline
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles\.")
@@ -218,6 +224,11 @@ def test_mlp_compute_time_is_the_sum_of_its_durations(example, traces, simulated
 
 
 # -- every example, every rank --------------------------------------------------------------------
+
+
+def test_every_bundled_example_is_here():
+    assert set(EXAMPLE_MESHES) == {path.stem for path in EXAMPLES.glob("*.py")}
+    assert sorted(SLOWEST_FIRST) == sorted(EXAMPLE_MESHES)
 
 
 @pytest.mark.parametrize("example", list(EXAMPLE_MESHES))
