@@ -37,10 +37,17 @@ def size_text(nbytes: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+def _varying(groups: np.ndarray, mesh: MeshSpec) -> np.ndarray:
+    """`[groups, axes]`: whether the ranks of each group (a row of row-major positions) differ
+    along each mesh axis. One array operation for all groups: a trace of 131,072 ranks has
+    collectives over 16,384 groups."""
+    coords = np.stack(np.unravel_index(groups, mesh.shape), axis=-1)
+    return (coords != coords[:, :1]).any(axis=1)
+
+
 def _varying_axes(group: Sequence[int], mesh: MeshSpec) -> tuple[int, ...]:
-    """The mesh axes along which the ranks of `group` (row-major positions) differ."""
-    coords = np.stack(np.unravel_index(np.asarray(group), mesh.shape), axis=-1)
-    return tuple(int(a) for a in np.flatnonzero((coords != coords[0]).any(axis=0)))
+    """The mesh axes along which the ranks of `group` differ."""
+    return tuple(int(a) for a in np.flatnonzero(_varying(np.asarray([group]), mesh)[0]))
 
 
 def _axes_text(axes: tuple[int, ...], mesh: MeshSpec) -> str:
@@ -50,13 +57,13 @@ def _axes_text(axes: tuple[int, ...], mesh: MeshSpec) -> str:
 def group_axes(groups: Sequence[Sequence[int]], mesh: MeshSpec | None) -> str:
     """The mesh axes every group spans whole (`tensor`, `data+tensor`), or '' where the groups are
     not the sub-meshes of one set of axes (or the mesh is not known)."""
-    if mesh is None or not groups:
+    if mesh is None or not groups or len({len(group) for group in groups}) != 1:
+        return ""  # groups of different sizes are not the sub-meshes of one set of axes
+    varying = _varying(np.asarray(groups), mesh)
+    if (varying != varying[0]).any():
         return ""
-    spanned = {_varying_axes(group, mesh) for group in groups}
-    if len(spanned) != 1:
-        return ""
-    (axes,) = spanned
-    whole = all(len(group) == math.prod(mesh.shape[a] for a in axes) for group in groups)
+    axes = tuple(int(a) for a in np.flatnonzero(varying[0]))
+    whole = len(groups[0]) == math.prod(mesh.shape[a] for a in axes)
     return _axes_text(axes, mesh) if whole else ""
 
 
