@@ -11,12 +11,18 @@ A name with a rule is split over the rule's mesh axes; a name without one leaves
 the compiler (unconstrained in `constrain`, unsplit for an input); `None` means unsplit. The rules
 in effect while Flint lowers the step come from the layout stage (`flint.layout`); outside Flint no
 rule is set and `constrain` returns its input unchanged, so model files still run as plain JAX.
+
+A Flax model names its axes with Flax's own calls instead (`nn.with_logical_partitioning`,
+`nn.with_logical_constraint`, nnx's sharding metadata) and resolves them against Flax's rule table
+(`nn.logical_axis_rules`). While the step is traced that table holds the same rules, so Flax's
+constraints, and linen's parameters as the step unboxes them, follow `--rule` too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,13 +52,28 @@ def logical(shape, dtype, names) -> LogicalArray:
 
 @contextlib.contextmanager
 def rules_in_effect(rules: LogicalRules | None) -> Iterator[None]:
-    """Make `rules` what `constrain` resolves names with, while the step is traced (None: no
-    rules, `constrain` does nothing)."""
+    """Make `rules` what `constrain` (and Flax, where the model uses it) resolves names with, while
+    the step is traced (None: no rules, `constrain` does nothing and Flax's own table stays)."""
     token = _RULES.set(rules)
     try:
-        yield
+        with _flax_rules_in_effect(rules):
+            yield
     finally:
         _RULES.reset(token)
+
+
+def flax_rule_table(rules: LogicalRules) -> tuple[tuple[str, Any], ...]:
+    """`rules` as Flax writes them: (name, mesh axes) pairs, first come first served."""
+    return tuple((name, entry_of(tuple(axes))) for name, axes in rules.items())
+
+
+def _flax_rules_in_effect(rules: LogicalRules | None):
+    """Flax's rule table set to `rules`. Flax is no dependency of Flint: only a model file that
+    imported it can name axes through it, so it is looked up among the loaded modules."""
+    flax_spmd = sys.modules.get("flax.core.spmd")
+    if rules is None or flax_spmd is None:
+        return contextlib.nullcontext()
+    return flax_spmd.logical_axis_rules(flax_rule_table(rules))
 
 
 def axes_of(entry) -> tuple[str, ...]:

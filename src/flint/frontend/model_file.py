@@ -11,7 +11,9 @@ arguments as pytrees of `jax.ShapeDtypeStruct` carrying `NamedSharding`s over `m
 widths, batch size) are the model's knobs: `flint extract --model-arg layers=16` and sweeps set them
 without editing the file. Nothing is allocated: shapes and shardings
 are all the compiler needs, so a 70B-parameter step fits anywhere. An optional
-`logical_rules(mesh) -> {name: axes}` gives the model's own rules for its logical axis names.
+`logical_rules(mesh) -> {name: axes}` gives the model's own rules for its logical axis names (or
+Flax's rule table, `(name, axes)` pairs). Inputs may be Flax's boxed parameters as they are (a
+linen `init`'s variables, an nnx state): `flint.layout.flax_names` reads their names.
 
 A model file that defines `model()` (an `nn.Module`) instead of `workload` is a PyTorch model; see
 `flint.frontend.torch_model` for that convention. It ends up as the same `Workload`.
@@ -104,7 +106,10 @@ def _logical_rules(module, path: Path, mesh):
         rules = entry(mesh)
     except (Exception, SystemExit) as exc:
         raise FlintError(f"{path.name}: {RULES_ENTRY_POINT}(mesh) {_failed(exc, path)}") from exc
-    return {name: axes_of(axes) for name, axes in rules.items()}
+    found: dict[str, tuple[str, ...]] = {}
+    for name, axes in rules.items() if isinstance(rules, Mapping) else rules:  # or Flax's (name, axes) pairs
+        found.setdefault(name, axes_of(axes))  # a name's first rule wins, as in Flax's table
+    return found
 
 
 def _step_and_args(result: Any, path: Path) -> tuple[Any, Any]:

@@ -3,8 +3,10 @@
 In: a `Workload` from the frontend, the `jax.sharding.Mesh`, and a `LayoutRequest` (`--strategy`,
 `--config`, `--rule`, `--shard`). Out: the workload with its inputs resharded and the `Layout`
 that says where each sharding came from. `request` parses what the user asks for, `inputs` names
-the inputs by path, `presets` derives the `--strategy` layouts by shape, `apply` combines them in
-order of precedence and checks the result against the mesh.
+the inputs by path, `flax_names` reads the logical names of Flax's boxed parameters, `presets`
+derives the `--strategy` layouts by shape, `constraints` finds which names the step's own
+constraints use, `apply` combines them in order of precedence and checks the result against the
+mesh.
 
 Imports: the frontend and the foundation modules.
 """

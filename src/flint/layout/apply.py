@@ -9,6 +9,11 @@ editing the model. Four sources, each overriding the one before (per input, per 
 2. a preset (`--strategy`): a complete layout that replaces the model's (`flint.layout.presets`);
 3. the config file (`--config layout.toml`): `strategy`, `[rules]` and `[shard]` tables;
 4. the command line: `--rule NAME=AXES` and `--shard PATTERN=SPEC`, later ones winning.
+
+Logical names come from Flint's own `logical` inputs and `constrain` calls and from Flax's (boxed
+linen parameters, nnx sharding metadata, `nn.with_logical_constraint`; `flint.layout.flax_names`).
+What would silently do nothing is a warning: a `--shard` that matches no input, a `--rule` whose name
+no input or constraint uses, a Flax name the model's inputs carry that no rule maps.
 """
 
 from __future__ import annotations
@@ -18,11 +23,22 @@ from dataclasses import replace
 
 from flint.errors import FlintError
 from flint.frontend import Workload
-from flint.layout.inputs import Input, InputLayout, Layout, model_spec, read_inputs
+import flint.layout.flax_names as flax_names
+from flint.layout.constraints import constrained_names
+from flint.layout.inputs import (
+    Input,
+    InputLayout,
+    Layout,
+    listing,
+    logical_names,
+    model_spec,
+    placed_by_model,
+    read_inputs,
+)
 from flint.layout.presets import apply_preset
 from flint.layout.request import LayoutRequest, Spec
 from flint.mesh import ways
-from flint.sharding import LogicalArray, entry_of
+from flint.sharding import entry_of
 
 
 def _check_axes(axes, mesh, what: str) -> None:
@@ -64,22 +80,63 @@ def _partition_spec(spec: Spec):
     return P(*(entry_of(axes) for axes in spec))
 
 
+def _rules_naming_nothing(
+    request: LayoutRequest, inputs: list[Input], workload: Workload, mesh, rules
+) -> list[str]:
+    """`--rule`s (and `[rules]`) whose name no input carries and no constraint in the step uses."""
+    on_inputs = set().union(*(logical_names(item.leaf) for item in inputs))
+    asked = {name: origin for name, _, origin in request.rules if name not in on_inputs}
+    used = constrained_names(workload, mesh, rules, set(asked)) if asked else set()
+    return [
+        f"--rule {name} ({origin}) names no logical axis of any input or constraint"
+        for name, origin in asked.items()
+        if name not in used
+    ]
+
+
+def _flax_names_without_rules(inputs: list[Input], rules, mesh) -> list[str]:
+    """Flax logical names the model's inputs are laid out by that no rule maps (left unsplit)."""
+    missing: dict[str, list[str]] = {}
+    for item in inputs:
+        if item.origin != "model" or not flax_names.is_box(item.leaf):
+            continue
+        if placed_by_model(flax_names.array_of(item.leaf)):
+            continue  # the model placed the array itself
+        named = flax_names.named_spec(item.leaf, rules, mesh.axis_names)
+        for name, axes in zip(flax_names.names_of(item.leaf), named):
+            if axes is None:
+                missing.setdefault(name, []).append(item.path)
+    return [
+        f"logical axis {name!r} of {listing(paths)} has no rule: left unsplit "
+        f"(give --rule {name}=AXES, or {name}=None to keep it whole)"
+        for name, paths in missing.items()
+    ]
+
+
+def _leaf(item: Input, sharding):
+    import jax
+
+    array = jax.ShapeDtypeStruct(item.shape, item.dtype, sharding=sharding)
+    return flax_names.reboxed(item.leaf, array) if flax_names.is_box(item.leaf) else array
+
+
 def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Workload, Layout]:
     """The workload with every input resharded as requested, and the layout that was applied."""
     import jax
     from jax.sharding import NamedSharding
 
     rules: dict[str, tuple[str, ...]] = dict(workload.rules or {})
-    inputs, treedef = read_inputs(workload)
+    inputs, treedef = read_inputs(workload, mesh.axis_names)
+    warnings = []
     if request.strategy:
-        rules = apply_preset(request.strategy, inputs, mesh, workload.tensor_parallel or {})
+        rules, preset_warnings = apply_preset(request.strategy, inputs, mesh, workload.tensor_parallel or {})
+        warnings += preset_warnings
     for name, axes, origin in request.rules:
         _check_axes(axes, mesh, f"rule {name}={'+'.join(axes)} ({origin})")
         rules[name] = axes
     for item in inputs:
-        if isinstance(item.leaf, LogicalArray) and item.origin == "model":
-            item.spec = model_spec(item.leaf, rules)
-    warnings = []
+        if item.origin == "model":
+            item.spec = model_spec(item.leaf, rules, mesh.axis_names)
     for rule in request.shards:
         _check_axes({a for axes in rule.spec for a in axes}, mesh, f"--shard {rule.pattern} ({rule.origin})")
         matched = [item for item in inputs if re.fullmatch(rule.pattern, item.path)]
@@ -87,12 +144,12 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
             warnings.append(f"--shard {rule.pattern} ({rule.origin}) matches no input")
         for item in matched:
             item.spec, item.origin = rule.spec, rule.origin
+    warnings += _flax_names_without_rules(inputs, rules, mesh)
     for item in inputs:
         _check_spec(item, mesh)
-    leaves = [
-        jax.ShapeDtypeStruct(item.shape, item.dtype, sharding=NamedSharding(mesh, _partition_spec(item.spec)))
-        for item in inputs
-    ]
+    leaves = [_leaf(item, NamedSharding(mesh, _partition_spec(item.spec))) for item in inputs]
+    laid_out = replace(workload, args=tuple(jax.tree_util.tree_unflatten(treedef, leaves)))
+    warnings += _rules_naming_nothing(request, inputs, laid_out, mesh, rules)
     layout = Layout(
         inputs=tuple(
             InputLayout(
@@ -103,5 +160,4 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
         rules=rules,
         warnings=tuple(warnings),
     )
-    args = jax.tree_util.tree_unflatten(treedef, leaves)
-    return replace(workload, args=tuple(args), rules=rules or workload.rules), layout
+    return replace(laid_out, rules=rules or workload.rules), layout

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from flint.frontend import Workload, input_path
+import flint.layout.flax_names as flax_names
 from flint.layout.request import Spec
 from flint.sharding import LogicalArray, LogicalRules, axes_of, resolve
 
@@ -48,6 +49,12 @@ class Input:
     leaf: Any
 
 
+def listing(paths: list[str], shown: int = 4) -> str:
+    """Input paths for a one-line message: the first few, then how many more."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
+
+
 def _argument_names(step, count: int) -> list[str]:
     try:
         parameters = [
@@ -60,35 +67,64 @@ def _argument_names(step, count: int) -> list[str]:
     return [parameters[i] if i < len(parameters) else f"arg{i}" for i in range(count)]
 
 
-def model_spec(leaf, rules: LogicalRules) -> Spec:
-    """What the model gives: its NamedSharding, or its logical names under `rules` (unsplit
-    where a name has no rule)."""
+def _sharding_spec(array, rank: int) -> Spec:
+    """The spec of an abstract array's own NamedSharding, one entry per dimension (unsplit: none)."""
+    spec = tuple(axes_of(e) for e in array.sharding.spec) if placed_by_model(array) else ()
+    return spec + ((),) * (rank - len(spec))
+
+
+def placed_by_model(array) -> bool:
+    """Whether the model gave this abstract array a NamedSharding of its own."""
     from jax.sharding import NamedSharding
 
+    return isinstance(getattr(array, "sharding", None), NamedSharding)
+
+
+def logical_names(leaf) -> set[str]:
+    """The logical names a rule can lay an input leaf out by (Flint's `logical`, a Flax box)."""
+    if isinstance(leaf, LogicalArray):
+        return {name for name in leaf.names if name is not None}
+    return flax_names.logical_names(leaf) if flax_names.is_box(leaf) else set()
+
+
+def model_spec(leaf, rules: LogicalRules, mesh_axes) -> Spec:
+    """What the model gives: its NamedSharding, or its logical names under `rules`. A Flint
+    `logical` name without a rule is unsplit; a Flax box's dimension whose name has no rule keeps
+    the sharding of the array inside the box (see `flint.layout.flax_names`)."""
     if isinstance(leaf, LogicalArray):
         return tuple(axes_of(e) for e in resolve(leaf.names, rules, None))
-    if not isinstance(leaf.sharding, NamedSharding):
-        return ()
-    return tuple(axes_of(e) for e in leaf.sharding.spec)
+    if not flax_names.is_box(leaf):
+        return _sharding_spec(leaf, 0)
+    array = flax_names.array_of(leaf)
+    own = _sharding_spec(array, len(array.shape))
+    named = flax_names.named_spec(leaf, rules, mesh_axes)
+    return tuple(
+        own[d] if d >= len(named) or named[d] is None else named[d] for d in range(len(array.shape))
+    )
 
 
-def read_inputs(workload: Workload) -> tuple[list[Input], Any]:
+def is_input_leaf(x) -> bool:
+    """Where flattening the step's arguments stops above their arrays: a Flint `logical` array, a
+    Flax box (one input each)."""
+    return isinstance(x, LogicalArray) or flax_names.is_box(x)
+
+
+def read_inputs(workload: Workload, mesh_axes) -> tuple[list[Input], Any]:
     """Every input leaf with its path and the sharding the model gives it (logical names unsplit
-    until the rules are known)."""
+    until the rules are known). A Flax box is one input, named by its own path."""
     import jax
 
     names = _argument_names(workload.step, len(workload.args))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(
-        workload.args, is_leaf=lambda x: isinstance(x, LogicalArray)
-    )
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(workload.args, is_leaf=is_input_leaf)
     inputs = []
     for keypath, leaf in leaves:
+        array = flax_names.array_of(leaf) if flax_names.is_box(leaf) else leaf
         inputs.append(
             Input(
                 input_path(names, keypath),
-                tuple(leaf.shape),
-                np.dtype(leaf.dtype),
-                model_spec(leaf, {}),
+                tuple(array.shape),
+                np.dtype(array.dtype),
+                model_spec(leaf, {}, mesh_axes),
                 "model",
                 keypath[0].idx == len(workload.args) - 1,
                 leaf,

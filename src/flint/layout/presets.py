@@ -23,30 +23,40 @@ Presets apply by shape and position, so they need no annotations at all:
   all the data axes.
 
 Tensor parallelism by shape: the model width D is the dimension size most common among the
-parameters and the batch's last dimensions (the smaller one on a tie). A parameter group whose
-arrays all share one leading size (stacked layers under `lax.scan`) keeps that dimension whole. Of
-the remaining dimensions, a parameter that starts with D is column-parallel (the next dimension is
-split: `w_in [D, F]`, `wq [D, H, k]`, the LM head `[D, V]`); one that ends with D is row-parallel (its
-first dimension is split: `w_out [F, D]`, `wo [H, k, D]`, the embedding `[V, D]`); vectors stay whole.
-Presets map the logical names `batch` to the batch axes, `vocab`, `heads`, `mlp` to the tensor axis
-and `seq` as above.
+parameters and the batch's last dimensions (the smaller one on a tie). Stacked layers (under
+`lax.scan`) keep their leading dimension whole: a subtree of two or more parameters (any path
+prefix: `params/layers`, `params/experts`) that all share one leading size L, at least one of them
+a stack of matrices (rank >= 3; the layers' vectors ride along as [L, D]), where L is not D. Plain
+matrices sharing a size are no stack (an MLP's w_in [D, F] and w_out [F, D] with F = D), nor are
+projections [D, H, k] kept together. Of the remaining dimensions, a parameter that starts with D is
+column-parallel (the next dimension is split: `w_in [D, F]`, `wq [D, H, k]`, the LM head `[D, V]`);
+one that ends with D is row-parallel (its first dimension is split: `w_out [F, D]`, `wo [H, k, D]`,
+the embedding `[V, D]`); vectors stay whole. Presets map the logical names `batch` to the batch
+axes, `vocab`, `heads`, `mlp` to the tensor axis and `seq` as above.
+
+Weights that start and end with D (square [D, D]: q, k, v are column-parallel, the attention output
+and a square MLP's w_out row-parallel; Equinox's and PyTorch's [out, in] reverse them) cannot be
+placed by shape. The model's declared split decides: its `Workload.tensor_parallel` (a PyTorch
+`tp_plan`), else the one dimension its own layout splits over the tensor axis (its sharding, or its
+logical names under the preset's rules: ("embed", "mlp") is column-parallel, ("mlp", "embed")
+row-parallel). Without one the weight is split column-parallel and the preset warns, naming the
+inputs (`--shard PATTERN=SPEC` or the model's declared split fixes it). A declared split
+(`tp_plan`) takes precedence over the shape rule for any weight it names.
 
 PyTorch weights: `nn.Linear` stores [out, in], the transpose of the JAX [in, out], and the shape rule
 still splits the right dimension of a non-square weight (fc1 [F, D] ends with D: its F rows, the
 output features, are split: column-parallel; fc2 [D, F] starts with D: F, its input features:
-row-parallel). A square [D, D] weight cannot be placed by shape (q, k, v are column-parallel, the
-attention output row-parallel), so a model's declared split (`Workload.tensor_parallel`, from a
-PyTorch `tp_plan`) takes precedence over the shape rule for the inputs it names.
+row-parallel).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from flint.errors import FlintError
-from flint.layout.inputs import Input, Layout
+from flint.layout.inputs import Input, Layout, listing, model_spec
 from flint.layout.request import Spec
 from flint.mesh import axis_named, tensor_axis, ways
 
@@ -89,62 +99,118 @@ def _roles(strategy: str, mesh) -> _Roles:
     )
 
 
-def _stacked(items: Iterable[tuple[str, tuple[int, ...]]]) -> set[str]:
-    """Paths of parameters whose leading dimension stacks layers (shared by their whole group),
-    from the `(path, shape)` of every input outside the batch."""
-    groups: dict[str, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
-    for path, shape in items:
-        groups[path.rpartition("/")[0]].append((path, shape))
-    stacked = set()
-    for group in groups.values():
-        leading = {shape[0] if len(shape) >= 2 else None for _, shape in group}
-        if len(group) >= 2 and len(leading) == 1 and None not in leading:
-            stacked.update(path for path, _ in group)
-    return stacked
+def _groups(paths: list[str]) -> dict[str, list[int]]:
+    """Every subtree of the inputs (a path prefix, the step's argument names included): the
+    positions of the inputs under it."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, path in enumerate(paths):
+        parts = path.split("/")
+        for k in range(1, len(parts)):
+            groups["/".join(parts[:k])].append(i)
+    return groups
 
 
-def stacked_paths(layout: Layout) -> set[str]:
-    """Paths of the inputs that stack layers along their leading dimension (as under `lax.scan`)."""
-    return _stacked((item.path, item.shape) for item in layout.inputs if not item.batch)
+def _looks_stacked(shapes: list[tuple[int, ...]]) -> bool:
+    """Two or more arrays, all sharing one leading size, at least one a stack of matrices or more
+    (rank >= 3): the layers' vectors ride along as [L, D], but a group of plain matrices sharing a
+    size (an MLP's [D, F] and [F, D] when F = D) is no stack."""
+    return (
+        len(shapes) >= 2
+        and all(len(shape) >= 2 for shape in shapes)
+        and len({shape[0] for shape in shapes}) == 1
+        and any(len(shape) >= 3 for shape in shapes)
+    )
 
 
-def _model_width(inputs: list[Input], stacked: set[str]) -> int | None:
+def _width(items: list[tuple[str, tuple[int, ...], bool]], stacked: set[str]) -> int | None:
+    """The model width D: the dimension size most common among the parameters (stacked layer
+    dimensions left out) and the batch's last dimensions, the smaller one on a tie."""
     sizes: Counter[int] = Counter()
-    for item in inputs:
-        if item.in_batch:
-            sizes.update(item.shape[-1:])
+    for path, shape, in_batch in items:
+        if in_batch:
+            sizes.update(shape[-1:])
         else:
-            sizes.update(item.shape[1:] if item.path in stacked else item.shape)
+            sizes.update(shape[1:] if path in stacked else shape)
     if not sizes:
         return None
     return min(sizes, key=lambda size: (-sizes[size], size))
 
 
-def _tensor_split(item: Input, dims: list[int], width, declared: Mapping[str, int | None]) -> int | None:
-    """The dimension tensor parallelism splits: the model's declared one, else by shape."""
-    if item.path in declared:
-        return declared[item.path]
+def _stacked(items: list[tuple[str, tuple[int, ...], bool]]) -> tuple[set[str], int | None]:
+    """Paths of the parameters whose leading dimension stacks layers (as under `lax.scan`), and the
+    model width, from the `(path, shape, in_batch)` of every input.
+
+    A subtree of parameters that looks stacked (`_looks_stacked`) is one, unless its shared leading
+    size is the model width itself: three projections [D, H, k] kept together are not D layers."""
+    params = [(path, shape) for path, shape, in_batch in items if not in_batch]
+    paths = [path for path, _ in params]
+    candidates: dict[str, int] = {}
+    for members in _groups(paths).values():
+        shapes = [params[i][1] for i in members]
+        if _looks_stacked(shapes):
+            candidates.update((paths[i], shapes[0][0]) for i in members)
+    width = _width(items, set(candidates))
+    stacked = {path for path, leading in candidates.items() if leading != width}
+    return stacked, _width(items, stacked)
+
+
+def stacked_paths(layout: Layout) -> set[str]:
+    """Paths of the inputs that stack layers along their leading dimension (as under `lax.scan`)."""
+    return _stacked([(item.path, item.shape, item.batch) for item in layout.inputs])[0]
+
+
+def _own_split(spec: Spec, roles: _Roles) -> int | None:
+    """The one dimension a model's own layout splits over the tensor axis, if there is one."""
+    dims = [d for d, axes in enumerate(spec) if set(axes) & set(roles.tensor)]
+    return dims[0] if len(dims) == 1 else None
+
+
+@dataclass
+class _Plan:
+    """What a preset knows while it lays out each input."""
+
+    roles: _Roles
+    mesh: object
+    width: int | None
+    stacked: set[str]
+    declared: Mapping[str, int | None]
+    """Input path -> the dimension the model's plan (`tp_plan`) splits over the tensor axis."""
+    own: Mapping[str, int | None]
+    """Input path -> the dimension the model's own layout splits over the tensor axis."""
+    ambiguous: list[str] = field(default_factory=list)
+    """Weights whose first and last dimensions are both D, placed by shape for want of a plan."""
+
+
+def _tensor_split(item: Input, dims: list[int], plan: _Plan) -> int | None:
+    """The dimension tensor parallelism splits: the model's declared one, else by shape. Where
+    shape cannot tell (the first and the last dimension are both D), the model's own layout
+    decides, else the weight is taken as column-parallel and listed as ambiguous."""
+    if item.path in plan.declared:
+        return plan.declared[item.path]
     if len(dims) < 2:
         return None
-    shape = [item.shape[d] for d in dims]
-    return dims[1] if shape[0] == width else dims[0] if shape[-1] == width else None
+    first, last = item.shape[dims[0]], item.shape[dims[-1]]
+    if first == plan.width and last == plan.width:
+        if plan.own.get(item.path) in dims:
+            return plan.own[item.path]
+        plan.ambiguous.append(item.path)
+    return dims[1] if first == plan.width else dims[0] if last == plan.width else None
 
 
-def _preset_spec(
-    item: Input, roles: _Roles, mesh, width, stacked: set[str], declared: Mapping[str, int | None]
-) -> Spec:
+def _preset_spec(item: Input, plan: _Plan) -> Spec:
+    roles, mesh = plan.roles, plan.mesh
     rank = len(item.shape)
     spec: list[tuple[str, ...]] = [()] * rank
     if item.in_batch:
         if rank and roles.batch and item.shape[0] % ways(mesh, roles.batch) == 0:
             spec[0] = roles.batch
         return tuple(spec)
-    first = 1 if item.path in stacked else 0
+    first = 1 if item.path in plan.stacked else 0
     if first and roles.expert and item.shape[0] % ways(mesh, roles.expert) == 0:
         spec[0] = roles.expert
     dims = list(range(first, rank))
     if roles.tensor:
-        split = _tensor_split(item, dims, width, declared)
+        split = _tensor_split(item, dims, plan)
         if split is not None and item.shape[split] % ways(mesh, roles.tensor) == 0:
             spec[split] = roles.tensor
     if roles.fsdp:
@@ -155,17 +221,7 @@ def _preset_spec(
     return tuple(spec)
 
 
-def apply_preset(
-    strategy: str, inputs: list[Input], mesh, declared: Mapping[str, int | None]
-) -> dict[str, tuple[str, ...]]:
-    if strategy not in STRATEGIES:
-        raise FlintError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    roles = _roles(strategy, mesh)
-    stacked = _stacked((item.path, item.shape) for item in inputs if not item.in_batch)
-    width = _model_width(inputs, stacked)
-    for item in inputs:
-        item.spec = _preset_spec(item, roles, mesh, width, stacked, declared)
-        item.origin = f"strategy {strategy}"
+def _preset_rules(roles: _Roles) -> dict[str, tuple[str, ...]]:
     rules = {"batch": roles.batch} if roles.batch else {}
     rules.update({name: roles.tensor for name in TP_LOGICAL_NAMES if roles.tensor})
     rules[SEQUENCE_LOGICAL_NAME] = roles.sequence
@@ -173,3 +229,32 @@ def apply_preset(
         rules[EXPERT_LOGICAL_NAME] = roles.expert
         rules[GROUPS_LOGICAL_NAME] = tuple(a for a in roles.batch if a not in roles.expert)
     return rules
+
+
+def apply_preset(
+    strategy: str, inputs: list[Input], mesh, declared: Mapping[str, int | None]
+) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+    """Lay every input out by `strategy`; return its logical rules and its warnings."""
+    if strategy not in STRATEGIES:
+        raise FlintError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    roles = _roles(strategy, mesh)
+    rules = _preset_rules(roles)
+    stacked, width = _stacked([(item.path, item.shape, item.in_batch) for item in inputs])
+    own = {
+        item.path: _own_split(model_spec(item.leaf, rules, mesh.axis_names), roles)
+        for item in inputs
+        if item.origin == "model"
+    }
+    plan = _Plan(roles, mesh, width, stacked, declared, own)
+    for item in inputs:
+        item.spec = _preset_spec(item, plan)
+        item.origin = f"strategy {strategy}"
+    warnings = []
+    if plan.ambiguous:
+        warnings.append(
+            f"--strategy {strategy}: {listing(plan.ambiguous)} start and end with the model width "
+            f"D = {width}, so shape cannot tell column- from row-parallel: split as column-parallel "
+            "(the dimension after the first D); declare the split in the model (its own sharding, "
+            "logical names or tp_plan) or give --shard PATTERN=SPEC"
+        )
+    return rules, warnings
