@@ -51,15 +51,25 @@ def flint(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
     return Run(done.returncode, done.stdout, done.stderr)
 
 
-def extract(model: Path, mesh: str, out: Path, *extra: str) -> dict:
-    """Run `flint extract --json` and return its summary; fail the test on a non-zero exit.
+def _extract(model: Path, mesh: str, out: Path, *extra: str) -> Run:
+    """Run `flint extract`; fail the test on a non-zero exit.
 
     On the CPU backend unless `extra` names another: most hand derivations are of the CPU
     compiler's partitioned module (one node per op), not of the GPU compiler's kernels."""
     backend = () if "--backend" in extra else ("--backend", "cpu")
-    run = flint("extract", model, "--mesh", mesh, "-o", out, "--json", *backend, *extra)
+    run = flint("extract", model, "--mesh", mesh, "-o", out, *backend, *extra)
     assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
+    return run
+
+
+def extract(model: Path, mesh: str, out: Path, *extra: str) -> dict:
+    """`flint extract --json`'s summary (see `_extract`)."""
+    return json.loads(_extract(model, mesh, out, "--json", *extra).stdout)
+
+
+def extract_warnings(model: Path, mesh: str, out: Path, *extra: str) -> list[str]:
+    """The `warning:` lines of a successful `flint extract` (see `_extract`)."""
+    return [line for line in _extract(model, mesh, out, *extra).stderr.splitlines() if line.startswith("warning:")]
 
 
 @pytest.fixture(scope="session")

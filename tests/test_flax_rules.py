@@ -13,7 +13,7 @@ data group; the f32 loss (4 bytes) over every group its mean spans.
 from __future__ import annotations
 
 import pytest
-from conftest import MODELS, flint, matmuls_and_collectives
+from conftest import MODELS, extract_warnings, matmuls_and_collectives
 
 from flint.schema import et_def_pb2 as pb
 
@@ -32,17 +32,6 @@ def tensor_group(rank):
 
 def data_group(rank):
     return (rank % 4, rank % 4 + 4)
-
-
-def extract(model, out, *flags):
-    """`flint extract` on 2x4 (CPU backend); its stderr, after checking it succeeded."""
-    run = flint("extract", model, "--mesh", "2x4", "--backend", "cpu", "-o", out, *flags)
-    assert run.returncode == 0, run.stderr
-    return run.stderr
-
-
-def warnings(stderr):
-    return [line for line in stderr.splitlines() if line.startswith("warning:")]
 
 
 def megatron(rank):
@@ -81,23 +70,25 @@ def assert_every_rank(out, derive):
 
 def test_linen_names_follow_rules(tmp_path):
     """linen kernels ("embed", "mlp") and ("mlp", "embed") and the constraint ("batch", "mlp")."""
-    stderr = extract(LINEN, tmp_path / "t", "--rule", "batch=data", "--rule", "mlp=tensor", "--rule", "embed=None")
-    assert warnings(stderr) == []
+    found = extract_warnings(LINEN, "2x4", tmp_path / "t", "--rule", "batch=data", "--rule", "mlp=tensor",
+                             "--rule", "embed=None")
+    assert found == []
     assert_every_rank(tmp_path / "t", megatron)
 
 
 def test_linen_names_laid_out_the_other_way(tmp_path):
     """The same model with `embed` split instead of `mlp`, from the command line alone."""
-    stderr = extract(LINEN, tmp_path / "t", "--rule", "embed=tensor", "--rule", "mlp=None", "--rule", "batch=data")
-    assert warnings(stderr) == []
+    found = extract_warnings(LINEN, "2x4", tmp_path / "t", "--rule", "embed=tensor", "--rule", "mlp=None",
+                             "--rule", "batch=data")
+    assert found == []
     assert_every_rank(tmp_path / "t", embed_split)
 
 
 def test_nnx_metadata_follows_the_models_flax_table(tmp_path):
     """nnx `with_partitioning` and `out_sharding` names under the model's own Flax rule table
     (mlp over tensor)."""
-    stderr = extract(NNX, tmp_path / "t")
-    assert warnings(stderr) == []
+    found = extract_warnings(NNX, "2x4", tmp_path / "t")
+    assert found == []
     assert_every_rank(tmp_path / "t", megatron)
 
 
@@ -105,9 +96,9 @@ def test_config_and_command_line_rules_override_the_models(tmp_path):
     """Precedence: the model's table < the config file's [rules] < --rule."""
     config = tmp_path / "layout.toml"
     config.write_text("[rules]\nmlp = 'None'\n")
-    extract(NNX, tmp_path / "config", "--config", str(config))
+    extract_warnings(NNX, "2x4", tmp_path / "config", "--config", str(config))
     assert_every_rank(tmp_path / "config", data_parallel)
-    extract(NNX, tmp_path / "cli", "--config", str(config), "--rule", "mlp=tensor")
+    extract_warnings(NNX, "2x4", tmp_path / "cli", "--config", str(config), "--rule", "mlp=tensor")
     assert_every_rank(tmp_path / "cli", megatron)
 
 
@@ -116,11 +107,11 @@ def test_rule_naming_nothing_is_a_warning(tmp_path):
     `nothing` is used nowhere, from the command line or from a config file."""
     config = tmp_path / "layout.toml"
     config.write_text("[rules]\nunused = 'tensor'\n")
-    stderr = extract(
-        LINEN, tmp_path / "t", "--config", str(config),
+    found = extract_warnings(
+        LINEN, "2x4", tmp_path / "t", "--config", str(config),
         "--rule", "batch=data", "--rule", "mlp=tensor", "--rule", "embed=None", "--rule", "nothing=data",
     )
-    assert warnings(stderr) == [
+    assert found == [
         "warning: --rule unused (config layout.toml) names no logical axis of any input or constraint",
         "warning: --rule nothing (cli) names no logical axis of any input or constraint",
     ]
@@ -129,8 +120,8 @@ def test_rule_naming_nothing_is_a_warning(tmp_path):
 
 def test_flax_name_without_a_rule_is_a_warning(tmp_path):
     """`embed` is on both linen kernels and no rule maps it: it stays whole, and the user is told."""
-    stderr = extract(LINEN, tmp_path / "t", "--rule", "batch=data", "--rule", "mlp=tensor")
-    assert warnings(stderr) == [
+    found = extract_warnings(LINEN, "2x4", tmp_path / "t", "--rule", "batch=data", "--rule", "mlp=tensor")
+    assert found == [
         "warning: logical axis 'embed' of variables/params/w_in/kernel, variables/params/w_out/kernel "
         "has no rule: left unsplit (give --rule embed=AXES, or embed=None to keep it whole)"
     ]

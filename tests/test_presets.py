@@ -8,23 +8,13 @@ placeable by shape, and the model's own sharding (w_in by columns, w_out by rows
 from __future__ import annotations
 
 import pytest
-from conftest import EXAMPLES, MODELS, flint, load_example, matmuls_and_collectives
+from conftest import EXAMPLES, MODELS, extract_warnings, flint, load_example, matmuls_and_collectives
 
 from flint.layout import InputLayout, Layout, stacked_paths
 from flint.schema import et_def_pb2 as pb
 
 AR = pb.ALL_REDUCE
 BF16, F32 = 2, 4
-
-
-def extract(model, out, *flags):
-    run = flint("extract", model, "--mesh", "2x4", "--backend", "cpu", "-o", out, *flags)
-    assert run.returncode == 0, run.stderr
-    return run.stderr
-
-
-def warnings(stderr):
-    return [line for line in stderr.splitlines() if line.startswith("warning:")]
 
 
 def layout(**shapes):
@@ -67,9 +57,9 @@ def test_square_mlp_follows_its_own_split(tmp_path):
     the two [D, D] weights were taken for stacked layers and left whole (D x D gradients)."""
     mlp = load_example("mlp")
     d, h, rows = 1024, 256, mlp.BATCH // 2
-    stderr = extract(EXAMPLES / "mlp.py", tmp_path / "t", "--model-arg", "width=1024",
-                     "--model-arg", "hidden=1024", "--strategy", "dp+tp")
-    assert warnings(stderr) == []
+    found = extract_warnings(EXAMPLES / "mlp.py", "2x4", tmp_path / "t", "--model-arg", "width=1024",
+                             "--model-arg", "hidden=1024", "--strategy", "dp+tp")
+    assert found == []
     for rank in range(8):
         tensor = tuple(range(rank // 4 * 4, rank // 4 * 4 + 4))
         data = (rank % 4, rank % 4 + 4)
@@ -81,9 +71,11 @@ def test_square_weights_without_a_declared_split_warn(tmp_path):
     """tests/models/flax_nnx.py built without names and with hidden = D = 256: nothing says how to
     split its two [D, D] weights, so the preset splits both by columns and says so."""
     pytest.importorskip("flax")
-    stderr = extract(MODELS / "flax_nnx.py", tmp_path / "t", "--model-arg", "hidden=256",
-                     "--model-arg", "annotated=False", "--strategy", "dp+tp", "--explain")
-    assert warnings(stderr) == [
+    run = flint("extract", MODELS / "flax_nnx.py", "--mesh", "2x4", "--backend", "cpu", "-o", tmp_path / "t",
+                "--model-arg", "hidden=256", "--model-arg", "annotated=False", "--strategy", "dp+tp", "--explain")
+    assert run.returncode == 0, run.stderr
+    stderr = run.stderr
+    assert [line for line in stderr.splitlines() if line.startswith("warning:")] == [
         "warning: --strategy dp+tp: state/w_in/kernel, state/w_out start and end with the model width "
         "D = 256, so shape cannot tell column- from row-parallel: split as column-parallel (the "
         "dimension after the first D); declare the split in the model (its own sharding, logical "
@@ -99,8 +91,9 @@ def test_square_weights_follow_their_logical_names(tmp_path):
     f32, b = 64/2 = 32 rows, D = 256, h = 256/4 = 64: five matmuls of 2*b*D*h FLOPs, the output
     (b x D) summed over the tensor group, the gradients (D x h) and the loss over data."""
     pytest.importorskip("flax")
-    stderr = extract(MODELS / "flax_nnx.py", tmp_path / "t", "--model-arg", "hidden=256", "--strategy", "dp+tp")
-    assert warnings(stderr) == []
+    found = extract_warnings(MODELS / "flax_nnx.py", "2x4", tmp_path / "t", "--model-arg", "hidden=256",
+                             "--strategy", "dp+tp")
+    assert found == []
     rows, d, h = 32, 256, 64
     for rank in range(8):
         tensor = tuple(range(rank // 4 * 4, rank // 4 * 4 + 4))
