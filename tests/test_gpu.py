@@ -169,6 +169,16 @@ def test_durations_add_up_to_the_roofline(mlp_gpu):
         assert sum(n.duration_micros == 0 for n in nodes) > 0  # sub-microsecond kernels exist
 
 
+def test_the_roofline_is_the_backends_gpu(tmp_path):
+    """On gpu:b200 with no --device, kernels are timed by the B200's roofline (2,250 TFLOP/s,
+    8,000 GB/s), and the manifest says so."""
+    extract(EXAMPLES / "mlp.py", "2x4", tmp_path / "b200", "--backend", "gpu:b200")
+    assert json.loads((tmp_path / "b200" / "manifest.json").read_text())["device"]["name"] == "b200"
+    nodes = [n for n in read_trace(tmp_path / "b200" / "mlp.0.et").nodes if n.type == pb.COMP_NODE]
+    exact = sum(max(attr_value(n, "num_ops") / 2250e12, attr_value(n, "tensor_size") / 8000e9) * 1e6 for n in nodes)
+    assert abs(sum(n.duration_micros for n in nodes) - exact) <= 1
+
+
 def test_memory_per_rank(mlp_gpu):
     """The arguments are what the layout gives a rank: its two [D_MODEL, h] weight shards and its
     [b, D_MODEL] rows of x and y, all bf16; the peak adds outputs and temporaries."""

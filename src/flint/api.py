@@ -33,7 +33,7 @@ from flint.simulation import simulate as run_simulation
 
 
 def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend: str = DEFAULT_BACKEND,
-                    slices: int = 1, stage: str | None = None, device: str = "h100", durations: str = "roofline",
+                    slices: int = 1, stage: str | None = None, device: str | None = None, durations: str = "roofline",
                     name: str | None = None, strategy: str | None = None, rules: Iterable[str] = (),
                     shards: Iterable[str] = (), config: str | Path | None = None,
                     model_args: Mapping[str, Any] | Iterable[str] | None = None,
@@ -52,7 +52,7 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
         model=Path(model),
         mesh=parse_mesh(mesh),
         output=prepare_output(Path(output), force),
-        device=load_device(device),
+        device=load_device(device or parsed_backend.roofline_device),
         name=check_name(name),
         stage=stage or ("partitioned" if pipeline else parsed_backend.default_stage),
         dump_ir=Path(dump_ir) if dump_ir else None,

@@ -217,8 +217,9 @@ def _format_summary(summary: dict) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("traces"),
               show_default=True, help="Directory to write the trace into (must be empty or new).")
 @click.option("--name", help="File name prefix of the trace files [default: the model file's stem].")
-@click.option("--device", "device_spec", default="h100", show_default=True, metavar="DEVICE",
-              help=f"Roofline for duration_micros: {', '.join(BUILTIN)}, or a JSON spec file.")
+@click.option("--device", "device_spec", metavar="DEVICE",
+              help=f"Roofline for duration_micros: {', '.join(BUILTIN)}, or a JSON spec file "
+                   "[default: the backend's GPU or TPU where it is one of these, else h100].")
 @click.option("--stage", type=click.Choice(STAGES),
               help="Module to trace: right after SPMD partitioning, or fully optimised (the GPU "
                    "compiler's kernels) [default: optimized on gpu backends, else partitioned].")

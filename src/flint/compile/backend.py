@@ -21,6 +21,7 @@ import numpy as np
 
 from flint.compile.gpu import GPUS, device_memory, gpu_devices, target_config
 from flint.compile.native_stderr import native_stderr_held
+from flint.devices import BUILTIN
 from flint.errors import FlintError
 from flint.mesh import MeshSpec
 
@@ -46,6 +47,13 @@ class Backend:
     def device_memory(self) -> int | None:
         """Bytes of memory of one device, where the backend describes real ones (GPUs)."""
         return None if self.gpu is None else device_memory(self.gpu)
+
+    @property
+    def roofline_device(self) -> str:
+        """The `--device` roofline to time its kernels by when none is given: the backend's own
+        chip where Flint has its numbers (gpu:b200 -> b200, tpu:v5p:... -> tpu-v5p), else h100."""
+        own = self.gpu if self.gpu is not None else f"tpu-{self.topology.partition(':')[0]}" if self.topology else ""
+        return own if own in BUILTIN else "h100"
 
     @property
     def default_stage(self) -> str:
