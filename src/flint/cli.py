@@ -265,6 +265,10 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
             pipeline_schedule, virtual_stages, force, strict, as_json):
     """Extract traces from a model file.
 
+    By default XLA's GPU compiler compiles the step for a cluster of virtual H100s (no GPU needed)
+    and the trace has one node per kernel it emits; --backend cpu traces the CPU compiler's
+    partitioned module instead, one node per op.
+
     MODEL is a Python file. A JAX model defines `workload(mesh)`, which returns `(step, args)`: the
     step function and its arguments as jax.ShapeDtypeStructs with NamedShardings over `mesh` (see
     examples/mlp.py). A PyTorch model defines `model()`, an nn.Module, and `example_inputs()`, the
