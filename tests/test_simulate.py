@@ -189,11 +189,13 @@ def test_groups_under_another_name(tmp_path, mlp_traces):
     assert result["timeline_estimate_us"] > 0
 
 
-def stand_in(tmp_path: Path, ranks: int, exit_signal: str) -> Path:
-    """A script that prints what ASTRA-sim prints for `ranks` ranks, then dies of `exit_signal`."""
+def stand_in(tmp_path: Path, ranks: int, exit_signal: str, last_wall: int = 5000) -> Path:
+    """A script that prints what ASTRA-sim prints for `ranks` ranks (the last finishing at
+    `last_wall` ns, the others at 5,000), then dies of `exit_signal`."""
+    walls = [5000] * (ranks - 1) + [last_wall]
     lines = "".join(
-        f"echo 'sys[{r}] finished, 5000 cycles, exposed communication 2000 cycles.'\n"
-        f"echo 'sys[{r}], Wall time: 5000'\necho 'sys[{r}], GPU time: 3000'\n"
+        f"echo 'sys[{r}] finished, {walls[r]} cycles, exposed communication 2000 cycles.'\n"
+        f"echo 'sys[{r}], Wall time: {walls[r]}'\necho 'sys[{r}], GPU time: 3000'\n"
         f"echo 'sys[{r}], Comm time: 2500'\necho 'sys[{r}], Total compute-communication overlap: 500'\n"
         for r in range(ranks)
     )
@@ -214,6 +216,16 @@ def test_a_crash_at_teardown_after_every_rank_finished_is_the_known_issue(tmp_pa
     # compute 3,000 ns; 2,500 ns of communication, 500 of it hidden; the rest idle
     assert result["per_rank"][7] == {"rank": 7, "step_us": 5.0, "compute_us": 3.0, "communication_us": 2.5,
                                      "exposed_communication_us": 2.0, "idle_us": 0.0}
+
+
+def test_idle_lasts_until_the_slowest_rank_finishes(tmp_path, mlp_traces):
+    """Rank 7 finishes at 9,000 ns, the others at 5,000: the step is 9 µs, and a rank that computed
+    3 µs and waited 2 µs on communication idles the other 4 µs of it, as in flint timeline."""
+    result = simulate(mlp_traces("2x4"), "--astra-sim", stand_in(tmp_path, 8, "ABRT", last_wall=9000),
+                      "-o", tmp_path / "sim", "--no-estimate")
+    assert result["step_us"] == 9.0 and result["slowest_rank"] == 7
+    assert result["per_rank"][0]["step_us"] == 5.0 and result["per_rank"][0]["idle_us"] == 4.0
+    assert result["per_rank"][7]["idle_us"] == 4.0
 
 
 def test_a_run_that_loses_ranks_is_an_error(tmp_path, mlp_traces):

@@ -81,7 +81,7 @@ class Simulation:
             "slowest_rank": slowest.rank if slowest else None,
             "timeline_estimate_us": self.estimate_us,
             "known_issue": self.known_issue,
-            "per_rank": [r.as_json() for r in self.ranks],
+            "per_rank": [r.as_json(slowest.wall) for r in self.ranks],
         }
 
 

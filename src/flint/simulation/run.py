@@ -3,8 +3,9 @@
 Each rank prints `sys[R] finished, C cycles, exposed communication E cycles.` and then its
 statistics (`Wall time`, `GPU time`, `Comm time`, `Total compute-communication overlap`), all in
 cycles, which are nanoseconds. A rank's step is its wall time; its compute is the GPU time; the
-communication not hidden behind compute is `Comm time` less the overlap; what remains of the wall
-time is idle (waiting on another rank: a pipeline bubble, a late peer).
+communication not hidden behind compute is `Comm time` less the overlap; what remains of the step
+(the slowest rank's wall time, as in `flint timeline`) is idle: waiting on another rank (a pipeline
+bubble, a late peer), or for the slowest one at the end of the step.
 
 Two exits are not failures of the step: exit 0, and a crash at teardown (SIGABRT or SIGSEGV) after
 every rank finished, on a trace whose ranks use two or more communicator groups. The upstream build
@@ -68,15 +69,14 @@ class RankResult:
         """Communication not hidden behind compute."""
         return max(self.communication - self.overlap, 0)
 
-    @property
-    def idle(self) -> int:
-        """Neither computing nor communicating: waiting on another rank."""
-        return max(self.wall - self.compute - self.exposed, 0)
+    def idle(self, step: int) -> int:
+        """Of the whole `step` (the slowest rank's wall time), neither computing nor communicating."""
+        return max(step - self.compute - self.exposed, 0)
 
-    def as_json(self) -> dict:
+    def as_json(self, step: int) -> dict:
         return {"rank": self.rank, "step_us": self.wall / 1e3, "compute_us": self.compute / 1e3,
                 "communication_us": self.communication / 1e3,
-                "exposed_communication_us": self.exposed / 1e3, "idle_us": self.idle / 1e3}
+                "exposed_communication_us": self.exposed / 1e3, "idle_us": self.idle(step) / 1e3}
 
 
 @dataclass

@@ -35,7 +35,7 @@ def simulation_view(simulation: Simulation) -> Group:
     for column in ("min", "mean", "max"):
         table.add_column(column, justify="right")
     for label, value in (("step", lambda r: r.wall), ("compute", lambda r: r.compute),
-                         ("exposed communication", lambda r: r.exposed), ("idle", lambda r: r.idle)):
+                         ("exposed communication", lambda r: r.exposed), ("idle", lambda r: r.idle(slowest.wall))):
         values = [value(r) / 1e3 for r in simulation.ranks]
         table.add_row(label, *(f"{v:,.1f}" for v in (min(values), fmean(values), max(values))))
     lines.append(table)
