@@ -27,6 +27,45 @@ input gradient of the column-wise LM head and of each layer's q, k, v, gate and 
 each on its own (1 + 5·L). The vocabulary split adds the loss's three reductions over it
 (b·S f32 each) and the target pick's gradient over the gathered index pairs ([B·S] f32).
 
+On 2x4 (rank r: T its row of 4, G = (r % 4, r % 4 + 4)), `--strategy dp` with a batch of 8 (the
+default 4 does not divide by 8 ranks) is the data-parallel derivation with b = 1 and G all 8 ranks.
+Without a strategy the model's plan splits over T = 4 and the batch over G (b = 2); `--strategy
+dp+tp` lays it out the same way (the declared plan names every matrix; the norms stay whole), so
+both have one derivation. H = 4 splits four ways but KV = 2 does not: k_proj's and v_proj's KV·k =
+32 output rows split into 8, so tensor rank t holds q head t but only half w = t % 2 of kv head
+u = t // 2. The partitioner then splits the head dimension k of k, v and the attention core in two
+over the pair P = (t, t ^ 1) that shares a kv head, and gathers over Q = (t, t ^ 2), the ranks
+holding the same half of the other kv head. Every rank runs the attention core for all b·H
+(batch, head) pairs (torch's merged batched matmul, as on 2x2) on k/2 of the head dimension: the
+matmul FLOPs of H/2 whole heads. Its collectives besides G's (the same as on 2x2, weights split 4
+ways), all f32 but the index constants:
+
+- T, as on 2x2: activations [b·S, D] after the embedding and each o and down projection (1 + 2·L)
+  and for the input gradients of the LM head and each q, k, v, gate and up (1 + 5·L); the loss's
+  three reductions ([b·S]) and the target pick's gradient ([B·S]); q ([b, S, k], one head per
+  rank) gathered to all heads in forward, the attention output's gradient in backward (2·L).
+- P, once: the rotary angles (positions x inverse frequencies, [S, k/2]) are built on half the
+  frequencies each, re-split by position (all-to-all of [S, k/4]), doubled to [S, k] and re-split
+  by the head dimension (all-to-all of [S/2, k]); cos and sin are then gathered whole for q
+  (2 all-gathers of [S, k/2]).
+- P, per layer: rotating k's half head (rotate_half pairs feature i with i ± k/2, held by the
+  partner) sends and receives a quarter [b, S, k/4] (one SEND and one RECV), rebuilds the rotated
+  head per sequence (2 all-to-alls of [b, S, k/4]) and splits it back by half (all-to-all of
+  [b, S, k/2]); the scores QK^T, contracted over half of k, are all-reduced ([b, H, S, S]), and
+  so is the probabilities' gradient dO·V^T in backward; PV gives every head's half, and an
+  all-to-all of [b, H/KV, S, k/2] swaps heads for halves so each rank holds its own q head whole
+  for o_proj, and likewise q's gradient dS·K in backward. Backward, rotate_half's gradient
+  gathers its two scattered quarters (2 all-gathers of [b, S, k/4]) and its first layer gathers
+  the scatter's index constants (2 all-gathers of k/4 int64, which the second layer reuses).
+- Q, per layer in forward: k and v, each repeated to its H/KV query heads, gathered across the kv
+  heads ([b, H/KV, S, k/2] each). Their gradients need nothing: every rank computes dK and dV for
+  all b·H pairs on its half and keeps its own kv head's.
+
+`flint validate examples/hf_llama.py --mesh 2x4` runs that step (the plan) on 8 CPU devices: the
+CPU compiler's optimised module combines all-reduces and reduces the target pick's [B·S] gradient
+whole instead of scattering it, so what each group all-reduces adds up to the derivation's bytes,
+and every other transfer is one of the derivation's.
+
 `examples/hf_causal_lm.py` builds Mistral (sliding window 8 < S: a different mask, the same
 matmuls) and Qwen2 (biases on q, k and v: no matmul, three more gradients per layer) in these
 sizes, so they have Llama's derivation.
@@ -45,6 +84,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -53,12 +93,20 @@ pytest.importorskip("torch")
 pytest.importorskip("torch_mlir")
 pytest.importorskip("transformers")
 
-from conftest import EXAMPLES, MODELS, flint, load_example, matmuls_and_collectives  # noqa: E402
+from conftest import (  # noqa: E402
+    EXAMPLES,
+    MODELS,
+    assert_sends_match_receives,
+    flint,
+    load_example,
+    matmuls_and_collectives,
+    transfers,
+)
 
 from flint.schema import et_def_pb2 as pb  # noqa: E402
 from flint.trace.contract import check_traces  # noqa: E402
 
-AR, AG, RS = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER
+AR, AG, RS, A2A = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL
 F32, I64 = 4, 8
 LLAMA = EXAMPLES / "hf_llama.py"
 V, D, I, L, H, KV, K = 256, 64, 128, 2, 4, 2, 16
@@ -81,17 +129,18 @@ def limited(*args: str, patch: str = "") -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """examples/hf_llama.py extracted once per mesh, under the memory limit."""
-    cache: dict[str, Path] = {}
+    """examples/hf_llama.py extracted once per mesh and options, under the memory limit."""
+    cache: dict[tuple[str, ...], Path] = {}
 
-    def get(mesh: str) -> Path:
-        if mesh not in cache:
+    def get(mesh: str, *options: str) -> Path:
+        key = (mesh, *options)
+        if key not in cache:
             out = tmp_path_factory.mktemp("hf_llama") / "traces"
-            done = limited("extract", LLAMA, "--mesh", mesh, "--backend", "cpu", "-o", out, "--json")
+            done = limited("extract", LLAMA, "--mesh", mesh, "--backend", "cpu", *options, "-o", out, "--json")
             assert done.returncode == 0, done.stderr
             json.loads(done.stdout)
-            cache[mesh] = out
-        return cache[mesh]
+            cache[key] = out
+        return cache[key]
 
     return get
 
@@ -111,6 +160,21 @@ def llama_gradients(tensor: int) -> list[int]:
     return sizes + [V * D * F32 // tensor] * 2  # embedding, LM head
 
 
+def data_collectives(batch: int, ways: int, tensor: int, group: tuple[int, ...]) -> list:
+    """What the data group reduces and gathers with a global batch of `batch` split `ways` ways:
+    every gradient, the loss, its label count, the target pick's index pairs (b·S of them, in
+    forward and backward) and its gradient's reduce-scatter ([batch·S])."""
+    b = batch // ways
+    return (
+        [(AR, size, group) for size in llama_gradients(tensor)] + [(AR, F32, group), (AR, I64, group)]
+        + [(AG, b * S * 2 * I64, group)] * 2 + [(RS, batch * S * F32, group)]
+    )
+
+
+def tensor_group(rank: int, size: int) -> tuple[int, ...]:
+    return tuple(range(rank // size * size, rank // size * size + size))
+
+
 def test_config_matches_the_derivation():
     c = load_example("hf_llama").CONFIG
     assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (V, D, I, L)
@@ -121,15 +185,10 @@ def test_llama_training_data_parallel_every_rank(llama):
     """Default sdpa attention, SiLU (`silu_backward`) and the rotary embedding's backward, under a
     4 GiB address-space limit; every rank's matmuls and collectives by hand."""
     directory = llama("2")
-    b, group = B // 2, (0, 1)
-    expected = sorted(
-        [(AR, size, group) for size in llama_gradients(1)]
-        + [(AR, F32, group), (AR, I64, group)]  # loss, label count
-        + [(AG, b * S * 2 * I64, group)] * 2 + [(RS, B * S * F32, group)]
-    )
+    expected = sorted(data_collectives(B, 2, 1, (0, 1)))
     for rank in range(2):
         assert matmuls_and_collectives(directory, rank) == (
-            llama_matmul_flops(b, H, 1), expected
+            llama_matmul_flops(B // 2, H, 1), expected
         ), f"rank {rank}"
     assert check_traces(directory) == []
 
@@ -145,10 +204,7 @@ def test_llama_own_tensor_parallel_plan(llama):
         flops, found = matmuls_and_collectives(directory, rank)
         assert flops == llama_matmul_flops(b, H, 2), f"rank {rank}"
         over_g = sorted(c for c in found if c[2] == G)
-        assert over_g == sorted(
-            [(AR, size, G) for size in llama_gradients(2)] + [(AR, F32, G), (AR, I64, G)]
-            + [(AG, b * S * 2 * I64, G)] * 2 + [(RS, B * S * F32, G)]
-        ), f"rank {rank}"
+        assert over_g == sorted(data_collectives(B, 2, 2, G)), f"rank {rank}"
         over_t = sorted(c for c in found if c[2] == T)
         assert over_t == sorted(
             [(AR, b * S * D * F32, T)] * (1 + 2 * L)  # forward: embedding, per layer o and down
@@ -161,6 +217,94 @@ def test_llama_own_tensor_parallel_plan(llama):
     assert check_traces(directory) == []
 
 
+def test_llama_data_parallel_over_2x4_every_rank(llama):
+    """--strategy dp on 2x4 splits the batch over all 8 ranks (batch 8: one sequence each); every
+    gradient is all-reduced over all of them."""
+    directory = llama("2x4", "--strategy", "dp", "--model-arg", "batch=8")
+    expected = sorted(data_collectives(8, 8, 1, tuple(range(8))))
+    for rank in range(8):
+        assert matmuls_and_collectives(directory, rank) == (llama_matmul_flops(1, H, 1), expected), f"rank {rank}"
+    assert check_traces(directory) == []
+
+
+def plan_2x4_collectives(rank: int) -> list:
+    """Every collective of `rank` under the model's plan on 2x4 (T = 4, b = 2; the module
+    docstring derives them), sorted."""
+    b, half, quarter, repeated = B // 2, K // 2, K // 4, H // KV
+    base, t = rank // 4 * 4, rank % 4
+    T, G = tensor_group(rank, 4), (t, t + 4)
+    P, Q = (base + t // 2 * 2, base + t // 2 * 2 + 1), (base + t % 2, base + t % 2 + 2)
+    over_t = (
+        [(AR, b * S * D * F32, T)] * (1 + 2 * L)  # forward: embedding, per layer o and down
+        + [(AR, b * S * D * F32, T)] * (1 + 5 * L)  # backward: LM head, per layer q, k, v, gate, up
+        + [(AR, b * S * F32, T)] * 3 + [(AR, B * S * F32, T)]  # the loss over the vocabulary split
+        + [(AG, b * H // 4 * S * K * F32, T)] * (2 * L)  # q; the attention output's gradient
+    )
+    rotary = [(A2A, S * quarter * F32, P), (A2A, S // 2 * K * F32, P)] + [(AG, S * half * F32, P)] * 2
+    per_layer = (
+        [(A2A, b * S * quarter * F32, P)] * 2 + [(A2A, b * S * half * F32, P)]  # k's rotate_half
+        + [(AR, b * H * S * S * F32, P)] * 2  # the scores; the probabilities' gradient
+        + [(A2A, b * repeated * S * half * F32, P)] * 2  # heads for halves: PV; q's gradient
+        + [(AG, b * S * quarter * F32, P)] * 2  # rotate_half's gradient
+    )
+    over_p = rotary + per_layer * L + [(AG, quarter * I64, P)] * 2  # and the scatter's indices
+    over_q = [(AG, b * repeated * S * half * F32, Q)] * (2 * L)  # k and v
+    return sorted(data_collectives(B, 2, 4, G) + over_t + over_p + over_q)
+
+
+def plan_2x4_transfers(rank: int) -> list[tuple[bool, int, int, int]]:
+    """(send, source, target, bytes) of `rank`'s point-to-point transfers under the plan on 2x4:
+    k's rotate_half quarter to and from its partner in P, per layer, forward and backward."""
+    partner, size = rank ^ 1, B // 2 * S * K // 4 * F32
+    return sorted([(True, rank, partner, size), (False, partner, rank, size)] * (2 * L))
+
+
+@pytest.mark.parametrize("strategy", [(), ("--strategy", "dp+tp")], ids=["own-plan", "dp+tp"])
+def test_llama_plan_over_2x4_every_rank(llama, strategy):
+    """2x4: the model's plan over T = 4 and the batch over G, as the model lays it out or as the
+    dp+tp preset does (the plan decides what it names): the attention core on every (batch, head)
+    pair over half of the head dimension (H/2 heads' FLOPs), and the collectives of the module
+    docstring, kv heads split in halves included."""
+    directory = llama("2x4", *strategy)
+    found = transfers(directory)
+    for rank in range(8):
+        assert matmuls_and_collectives(directory, rank) == (
+            llama_matmul_flops(B // 2, H // 2, 4), plan_2x4_collectives(rank)
+        ), f"rank {rank}"
+        assert sorted((t.send, t.src, t.dst, t.size) for t in found[rank]) == plan_2x4_transfers(rank)
+    assert_sends_match_receives(found)
+    assert check_traces(directory) == []
+
+
+def test_validate_runs_the_plan_over_2x4():
+    """`flint validate` runs the step under the plan on 8 CPU devices and finds the trace's
+    transfers executed: what each group all-reduces adds up to the derivation's bytes (the
+    optimised module combines all-reduces and reduces the target pick's gradient whole), and every
+    other collective and transfer is the derivation's, one for one."""
+    run = flint("validate", LLAMA, "--mesh", "2x4", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["disagreements"] == [] and report["compute_ops"]["agree"]
+    kinds = {AR: "ALL_REDUCE", AG: "ALL_GATHER", A2A: "ALL_TO_ALL"}
+    for rank in range(8):
+        ran = [(c["kind"], tuple(c["ranks"]), c["bytes"])
+               for c in report["executed_communication"] if c["rank"] == rank]
+        derived = plan_2x4_collectives(rank)
+        reduced, expected = Counter(), Counter()
+        for kind, group, size in ran:
+            if kind == "ALL_REDUCE":
+                reduced[group] += size
+        for kind, size, group in derived:
+            if kind in (AR, RS):
+                expected[group] += size
+        assert reduced == expected, f"rank {rank}"
+        assert sorted(c for c in ran if c[0] != "ALL_REDUCE") == sorted(
+            [(kinds[kind], group, size) for kind, size, group in derived if kind in (AG, A2A)]
+            + [("SEND" if send else "RECV", (src, dst), size)
+               for send, src, dst, size in plan_2x4_transfers(rank)]
+        ), f"rank {rank}"
+
+
 @pytest.mark.parametrize("family, biases", [("mistral", []), ("qwen2", [H * K, KV * K, KV * K])])
 def test_other_families_training_data_parallel(tmp_path, family, biases):
     """examples/hf_causal_lm.py: Mistral and Qwen2 in Llama's sizes have Llama's matmuls (Mistral's
@@ -170,14 +314,10 @@ def test_other_families_training_data_parallel(tmp_path, family, biases):
     run = flint("extract", EXAMPLES / "hf_causal_lm.py", "--mesh", "2", "--backend", "cpu",
                 "--model-arg", f"family={family}", "-o", out)
     assert run.returncode == 0, run.stderr
-    b, group = B // 2, (0, 1)
-    expected = sorted(
-        [(AR, size, group) for size in llama_gradients(1) + [n * F32 for n in biases] * L]
-        + [(AR, F32, group), (AR, I64, group)]
-        + [(AG, b * S * 2 * I64, group)] * 2 + [(RS, B * S * F32, group)]
-    )
+    group = (0, 1)
+    expected = sorted(data_collectives(B, 2, 1, group) + [(AR, n * F32, group) for n in biases] * L)
     for rank in range(2):
-        assert matmuls_and_collectives(out, rank) == (llama_matmul_flops(b, H, 1), expected), f"rank {rank}"
+        assert matmuls_and_collectives(out, rank) == (llama_matmul_flops(B // 2, H, 1), expected), f"rank {rank}"
 
 
 def test_other_families_configs_match_the_derivation():
@@ -200,10 +340,6 @@ def serving_matmul_flops(b: int, tokens: int, keys: int, tensor: int) -> int:
     projections = DD * DH * DK + 2 * DD * DKV * DK + DH * DK * DD + 3 * DD * DI
     core = 2 * (2 * b * DH * tokens * keys * DK)  # QK^T and PV, k and v repeated to every query head
     return (L * (2 * b * tokens * projections + core) + 2 * b * DD * DV) // tensor
-
-
-def tensor_group(rank: int, size: int) -> tuple[int, ...]:
-    return tuple(range(rank // size * size, rank // size * size + size))
 
 
 def test_serving_config_matches_the_derivation():
