@@ -234,6 +234,30 @@ def test_a_partitioned_stage_trace_is_refused(mlp_traces) -> None:
     assert run.returncode == 2 and "--stage optimized" in run.stderr
 
 
+def test_model_arguments_are_validated_as_extracted(tmp_path: Path) -> None:
+    """mlp.py with width 256 and hidden 512, not its defaults: given with --model-arg, or read from
+    the manifest of a trace extracted with them. Per rank, as the CPU compiler runs it (bf16
+    widened to f32): the tensor group's all-reduce of the [128 rows, 256] activation (131,072 B)
+    and the data group's of the weight-gradient shards 2 x [256, 128] plus the loss (262,148 B).
+    A --model-arg other than the trace's is refused in one line."""
+    args = ("--model-arg", "width=256", "--model-arg", "hidden=512")
+    out = tmp_path / "traces"
+    extract(EXAMPLES / "mlp.py", "2x4", out, "--stage", "optimized", *args)
+    for run in (flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out, "--json"),
+                flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", *args, "--json")):
+        assert run.returncode == 0, run.stdout + run.stderr
+        report = json.loads(run.stdout)
+        assert report["ok"]
+        for rank in range(8):
+            tensor = [rank // 4 * 4 + t for t in range(4)]
+            data = [rank % 4, rank % 4 + 4]
+            assert transfers(report, rank) == sorted(
+                [("ALL_REDUCE", tensor, 128 * 256 * 4), ("ALL_REDUCE", data, 2 * 256 * 128 * 4 + 4)]
+            )
+    run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out, "--model-arg", "width=512")
+    assert run.returncode == 2 and "--model-arg" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
 def test_traces_are_validated_with_the_layout_they_were_extracted_with(tmp_path: Path) -> None:
     """mlp.py under `--strategy dp` is pure data parallelism: the step must run that way too, so
     every rank's transfers are the gradient all-reduces over all 8 ranks (the CPU compiler combines

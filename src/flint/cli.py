@@ -210,6 +210,15 @@ def _format_summary(summary: dict) -> None:
     stdout.print(f"wrote {summary['output']} ({summary['files']} files) in {summary['seconds']:.1f} s")
 
 
+def _model_arg_option(command):
+    """--model-arg NAME=VALUE, repeatable: the model file's knobs."""
+    return click.option(
+        "--model-arg", "model_args", multiple=True, metavar="NAME=VALUE",
+        help="Keyword argument of the model file's workload(mesh, ...) (PyTorch: of model() or "
+             "example_inputs()), e.g. layers=16 (repeatable).",
+    )(command)
+
+
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--mesh", "mesh_spec", required=True, metavar="MESH",
@@ -232,9 +241,7 @@ def _format_summary(summary: dict) -> None:
                    "(needs flint-traces[tpu]).")
 @click.option("--slices", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Pod slices of the TPU topology (multi-slice); the mesh has all their devices.")
-@click.option("--model-arg", "model_args", multiple=True, metavar="NAME=VALUE",
-              help="Keyword argument of the model file's workload(mesh, ...) (PyTorch: of model() or "
-                   "example_inputs()), e.g. layers=16 (repeatable).")
+@_model_arg_option
 @click.option("--dump-ir", type=click.Path(path_type=Path), metavar="DIR",
               help="Also write the traced StableHLO module as text into DIR.")
 @click.option("--loop-trips", type=click.IntRange(min=0), metavar="N",
@@ -652,11 +659,12 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--mesh", "mesh_spec", required=True, metavar="MESH", help="Virtual device mesh, as for extract.")
 @click.option("--traces", type=click.Path(path_type=Path, file_okay=False, exists=True),
-              help="Validate this trace (an --stage optimized extraction, run with the layout its "
-                   "manifest records) instead of a fresh one.")
+              help="Validate this trace (an --stage optimized extraction, run with the layout and "
+                   "model arguments its manifest records) instead of a fresh one.")
+@_model_arg_option
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict, counts and times as JSON.")
 @_timing_options
-def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_latency_us):
+def validate(model, mesh_spec, traces, model_args, as_json, device_spec, link_gbps, link_latency_us):
     """Run the step and check its trace.
 
     MODEL is a model file as for extract (JAX or PyTorch). The step runs once on the virtual
@@ -666,6 +674,7 @@ def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_lat
     """
     from flint.analysis.validate import ValidateRequest
     from flint.analysis.validate import validate as run_validate
+    from flint.frontend import parse_model_arg
     from flint.analysis.views import validation_view
     from flint.trace.timing import Link
 
@@ -676,6 +685,7 @@ def validate(model, mesh_spec, traces, as_json, device_spec, link_gbps, link_lat
         link=Link(link_gbps, link_latency_us),
         traces=traces,
         command=shlex.join(["flint", *sys.argv[1:]]),
+        model_args=tuple(map(parse_model_arg, model_args)),
     )
     verdict, execution = run_validate(request)
     if as_json:

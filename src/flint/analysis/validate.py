@@ -25,6 +25,7 @@ import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from flint.analysis.execution import ExecutedOp, Execution, Instruction
 from flint.devices import Device
@@ -133,7 +134,8 @@ class Validation:
 
 @dataclass(frozen=True)
 class ValidateRequest:
-    """What to validate: a model on a mesh, against a fresh extraction or the trace in `traces`."""
+    """What to validate: a model on a mesh (built with `model_args`), against a fresh extraction or
+    the trace in `traces`."""
 
     model: Path
     mesh: MeshSpec
@@ -141,6 +143,7 @@ class ValidateRequest:
     link: Link
     traces: Path | None = None
     command: str = ""
+    model_args: tuple[tuple[str, Any], ...] = ()
 
 
 def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
@@ -153,9 +156,9 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     from flint.compile.backend import make_virtual_mesh
     from flint.pipeline import ExtractRequest, extract
 
-    layout = LayoutRequest()
+    layout, model_args = LayoutRequest(), request.model_args
     if request.traces is not None:
-        layout = _traced_layout(request.traces)
+        layout, model_args = _traced_layout(request.traces, model_args)
     with tempfile.TemporaryDirectory(prefix="flint-validate-") as tmp:
         extraction = extract(
             ExtractRequest(
@@ -165,6 +168,7 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
                 device=request.device,
                 stage="optimized",
                 layout=layout,
+                model_args=model_args,
                 command=request.command,
             )
         )
@@ -180,17 +184,19 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     return replace(verdict, costliest_branches=extraction.graph.costliest_branches), execution
 
 
-def _traced_layout(directory: Path) -> LayoutRequest:
-    """The layout `directory` was extracted with, so the step runs as it was traced; refuses,
-    before any slow work, what is not a trace, and a Flint trace of another backend or stage (its
-    collectives are not those that run)."""
+def _traced_layout(
+    directory: Path, model_args: tuple[tuple[str, Any], ...]
+) -> tuple[LayoutRequest, tuple[tuple[str, Any], ...]]:
+    """The layout and model arguments `directory` was extracted with, so the step runs as it was
+    traced; refuses, before any slow work, what is not a trace, a Flint trace of another backend or
+    stage (its collectives are not those that run), and model arguments other than its own."""
     try:
         find_traces(directory)
     except (FileNotFoundError, ValueError) as exc:
         raise FlintError(f"{exc}: --traces needs a directory of <prefix>.<rank>.et files") from None
     manifest = directory / "manifest.json"
     if not manifest.exists():
-        return LayoutRequest()  # not Flint's: compare it with the model's own layout
+        return LayoutRequest(), model_args  # not Flint's: compare it with the model's own layout
     recorded = json.loads(manifest.read_text())
     backend = recorded.get("backend", "cpu")
     if backend != "cpu":
@@ -204,7 +210,14 @@ def _traced_layout(directory: Path) -> LayoutRequest:
             f"{directory} was extracted at stage {stage!r}, but the executable runs the optimised "
             "module: extract it with --stage optimized to validate it"
         )
-    return recorded_layout(recorded.get("layout", {}), f"{manifest}")
+    traced_args = tuple((recorded.get("model_args") or {}).items())
+    if model_args and dict(model_args) != dict(traced_args):
+        raise FlintError(
+            f"--model-arg {', '.join(f'{k}={v!r}' for k, v in model_args)} differs from the model "
+            f"arguments {directory} was extracted with ({dict(traced_args) or 'none'}): drop --model-arg, "
+            "--traces runs the step as it was traced"
+        )
+    return recorded_layout(recorded.get("layout", {}), f"{manifest}"), traced_args
 
 
 def compare(
