@@ -100,3 +100,19 @@ def test_square_weights_follow_their_logical_names(tmp_path):
         data = (rank % 4, rank % 4 + 4)
         expected = sorted([(AR, rows * d * F32, tensor)] + [(AR, d * h * F32, data)] * 2 + [(AR, F32, data)])
         assert matmuls_and_collectives(tmp_path / "t", rank) == (5 * 2 * rows * d * h, expected), f"rank {rank}"
+
+
+def test_a_batch_that_does_not_divide_is_a_warning(tmp_path):
+    """mlp.py with a batch of 4 rows under --strategy dp on 2x4 (8 ways): the rows cannot be split,
+    so every rank runs the whole step, its five [4, 1024] x [1024, 4096] matmuls in full, with
+    nothing to reduce; the user is told."""
+    mlp = load_example("mlp")
+    found = extract_warnings(EXAMPLES / "mlp.py", "2x4", tmp_path / "t", "--model-arg", "batch=4",
+                             "--strategy", "dp")
+    assert found == [
+        "warning: --strategy dp: batch/x (4 rows), batch/y (4 rows) do not divide over data+tensor "
+        "(8 ways): every rank holds the whole batch; use a batch divisible by 8, or a mesh whose "
+        "batch axes divide it"
+    ]
+    for rank in range(8):
+        assert matmuls_and_collectives(tmp_path / "t", rank) == (5 * 2 * 4 * mlp.D_MODEL * mlp.D_HIDDEN, [])

@@ -179,6 +179,8 @@ class _Plan:
     """Input path -> the dimension the model's own layout splits over the tensor axis."""
     ambiguous: list[str] = field(default_factory=list)
     """Weights whose first and last dimensions are both D, placed by shape for want of a plan."""
+    whole_batch: list[str] = field(default_factory=list)
+    """Batch inputs whose rows do not divide over the batch axes, so every rank holds them all."""
 
 
 def _tensor_split(item: Input, dims: list[int], plan: _Plan) -> int | None:
@@ -204,6 +206,8 @@ def _preset_spec(item: Input, plan: _Plan) -> Spec:
     if item.in_batch:
         if rank and roles.batch and item.shape[0] % ways(mesh, roles.batch) == 0:
             spec[0] = roles.batch
+        elif rank and roles.batch:
+            plan.whole_batch.append(f"{item.path} ({item.shape[0]} rows)")
         return tuple(spec)
     first = 1 if item.path in plan.stacked else 0
     if first and roles.expert and item.shape[0] % ways(mesh, roles.expert) == 0:
@@ -256,5 +260,12 @@ def apply_preset(
             f"D = {width}, so shape cannot tell column- from row-parallel: split as column-parallel "
             "(the dimension after the first D); declare the split in the model (its own sharding, "
             "logical names or tp_plan) or give --shard PATTERN=SPEC"
+        )
+    if plan.whole_batch:
+        batch_ways = ways(mesh, roles.batch)
+        warnings.append(
+            f"--strategy {strategy}: {listing(plan.whole_batch)} do not divide over "
+            f"{'+'.join(roles.batch)} ({batch_ways} ways): every rank holds the whole batch; use a "
+            f"batch divisible by {batch_ways}, or a mesh whose batch axes divide it"
         )
     return rules, warnings
