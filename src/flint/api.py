@@ -54,7 +54,7 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
         output=prepare_output(Path(output), force),
         device=load_device(device or parsed_backend.roofline_device),
         name=check_name(name),
-        stage=stage or ("partitioned" if pipeline else parsed_backend.default_stage),
+        stage=stage or parsed_backend.default_stage,
         dump_ir=Path(dump_ir) if dump_ir else None,
         strict=strict,
         loop_trips=loop_trips,

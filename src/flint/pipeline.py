@@ -265,10 +265,10 @@ def _stages(
         )
     compiled_mesh = request.mesh
     if request.pipeline:
-        if request.stage != "partitioned" or request.backend.topology is not None:
+        if request.backend.topology is not None:
             raise FlintError(
-                "--pipeline-stages reads the CPU or GPU compiler's partitioned module: use --stage "
-                "partitioned, with --backend cpu or gpu:<gpu>"
+                "--pipeline-stages reads the CPU or GPU compiler's module: use --backend cpu or "
+                "gpu:<gpu>"
             )
         compiled_mesh = stage_mesh(request.mesh, request.pipeline.stage_axis(request.mesh))
     mesh = make_virtual_mesh(compiled_mesh, request.backend)

@@ -42,6 +42,13 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    per first node of a boundary (not their product). Nodes are named after their unit:
    `F3.0 <name>`, `B3.0 <name>`, `U.0 <name>` for the update.
 
+On the compiler's optimised module (a GPU backend's default stage) the piece is its kernels: a
+scan's stacked outputs are updated in place inside fusions (seen through them, so they are not taken
+for the activation), the regions follow data edges alone (the compiler's schedule chains every
+kernel to the one before), and that schedule is kept inside each copy only: between units the
+pipeline's schedule orders them. The compiler inlines a loop of one trip, so there a chunk needs two
+or more layers.
+
 Gradient syncs: a one-microbatch compile reduces each weight gradient over the data group in every
 backward; a real step accumulates gradients over microbatches and syncs once. All-reduces and
 reduce-scatters of B units that lead to the update but not to the gradient sent to the previous

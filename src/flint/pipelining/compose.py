@@ -67,9 +67,12 @@ class _Composer:
     def copy(
         self, regions: tuple[str, ...], stage: int, label: str, context: dict, skip=frozenset()
     ) -> None:
-        """Copy regions onto `stage`, their nodes in the piece's order; an edge of the piece from
-        another region resolves through `context` (region -> its copy here, or the nodes standing
-        for all of it), else is dropped."""
+        """Copy regions onto `stage`, their nodes in the piece's order; a data edge of the piece
+        from another region resolves through `context` (region -> its copy here, or the nodes
+        standing for all of it), else is dropped. A control edge (the compiler's schedule, on the
+        optimised stage) is kept only between nodes of this copy: between units the pipeline's
+        schedule orders them (`open_unit`)."""
+        first = self.out.number_of_nodes()
         for region in regions:
             context[region] = {}
         for node in sorted(n for region in regions for n in self.by_region[region]):
@@ -79,7 +82,10 @@ class _Composer:
             for pred, edge in self.piece.pred[node].items():
                 where = context.get(self.regions.region_of[pred], ())
                 found = where if isinstance(where, tuple) else where.get(pred, ())
-                (ctrl_deps if edge.get("ctrl") else data_deps).update(found)
+                if edge.get("ctrl"):
+                    ctrl_deps.update(n for n in found if n >= first)
+                else:
+                    data_deps.update(found)
             if node in skip:
                 copied[node] = tuple(sorted(data_deps | ctrl_deps))
                 continue

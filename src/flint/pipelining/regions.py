@@ -9,7 +9,7 @@ import networkx as nx
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
-from flint.ir.parse import Op, Program
+from flint.ir.parse import FUSION, Op, Program, Region
 
 PRE, LOCAL, FWD, MID, BWD = "pre", "local", "fwd", "mid", "bwd"
 POST, POST_FIRST, POST_LAST = "post", "post-first", "post-last"
@@ -43,18 +43,51 @@ class Regions:
 def _carried(loop: Op) -> list[int]:
     """Results of a loop that carry a value from one iteration to the next: not a counter (scalar),
     not passed through unchanged, not a buffer the body writes one slice of (a scan's stacked
-    outputs)."""
+    outputs, which the optimised module updates in place inside a fusion, seen through bitcasts
+    and conversions)."""
     _, body = loop.regions
-    defined = {value: op for op in body.ops for value in op.results}
+    defined = _defined(body)
     carried = []
     for k, (argument, result) in enumerate(zip(body.arguments, body.results)):
-        op = defined.get(result)
         if result == argument or not loop.operand_types[k].shape:
             continue
-        if op is not None and op.opcode == "dynamic_update_slice" and op.operands[0] == argument:
+        if _slice_written_into(result, defined, {}) == argument:
             continue
         carried.append(k)
     return carried
+
+
+def _defined(region: Region) -> dict[int, Op]:
+    return {value: op for op in region.ops for value in op.results}
+
+
+_SAME_ELEMENTS = frozenset({"bitcast", "convert"})
+"""Ops that keep a buffer's elements where they are: XLA:CPU's fusions widen bf16 to f32 around an
+in-place update."""
+
+
+def _alias(value: int, defined: Mapping[int, Op], outer: Mapping[int, int]) -> int:
+    """The value `value` is a bitcast or conversion of, as a value of the loop body (`outer` maps
+    the parameters of the fusions being looked into to their operands there)."""
+    while value in defined and defined[value].opcode in _SAME_ELEMENTS:
+        value = defined[value].operands[0]
+    return outer.get(value, value)
+
+
+def _slice_written_into(value: int, defined: Mapping[int, Op], outer: Mapping[int, int]) -> int | None:
+    """The value of the loop body that `value` is with one slice overwritten (a
+    `dynamic_update_slice`, seen through bitcasts, conversions and into fusions), else None."""
+    value = _alias(value, defined, {})
+    op = defined.get(value)
+    if op is None:
+        return None
+    if op.opcode == "dynamic_update_slice":
+        return _alias(op.operands[0], defined, outer)
+    if op.opcode == FUSION:
+        (inner,) = op.regions
+        parameters = {p: _alias(v, defined, outer) for p, v in zip(inner.arguments, op.operands)}
+        return _slice_written_into(inner.results[op.results.index(value)], _defined(inner), parameters)
+    return None
 
 
 def _reach(graph: nx.DiGraph, start, forward: bool) -> set[int]:
@@ -78,6 +111,12 @@ def find_regions(
     loops = [op for op in program.body.ops if op.opcode == "while"]
     layer_loops = [i for i, run in enumerate(graph.loops) if run.trips == chunk_layers]
     if len(loops) != len(graph.loops) or len(layer_loops) < 2:
+        if chunk_layers == 1 and program.scheduled:  # XLA's loop simplifier inlines one-trip loops
+            raise FlintError(
+                "--pipeline-stages splits the step at its layer loops, and the compiler's optimised "
+                "module has none for one layer per chunk (it inlines a loop of one trip): use "
+                "--stage partitioned, or 2 or more layers per chunk"
+            )
         raise FlintError(
             f"--pipeline-stages splits the step at its layer loops, but the compiled step has no "
             f"forward and backward top-level loop of {chunk_layers} layers (its loops: "
@@ -86,7 +125,9 @@ def find_regions(
     forward, backward = layer_loops[0], layer_loops[-1]
     fwd = {n for n, (loop, _) in graph.loop_of.items() if loop == forward}
     bwd = {n for n, (loop, _) in graph.loop_of.items() if loop == backward}
-    g = graph.graph
+    # Regions follow data alone: the optimised module's schedule (ctrl edges) orders every kernel
+    # after the one before it, whatever it computes
+    g = nx.subgraph_view(graph.graph, filter_edge=lambda u, v: not graph.graph.edges[u, v].get("ctrl"))
     pre = _reach(g, fwd, forward=False) - fwd - bwd
     mid = (_reach(g, fwd, forward=True) & _reach(g, bwd, forward=False)) - fwd - bwd - pre
     local: set[int] = set()
