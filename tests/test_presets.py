@@ -17,6 +17,17 @@ AR = pb.ALL_REDUCE
 BF16, F32 = 2, 4
 
 
+def assert_megatron_mlp(out, rows, d, h, size):
+    """Every rank of a 2x4 Megatron MLP (w_in column-, w_out row-parallel, `size`-byte elements,
+    `rows` per data rank, hidden h per tensor rank): five matmuls of 2*rows*d*h FLOPs, the output
+    (rows x d) summed over the tensor group, both weight gradients (d x h) and the f32 loss over data."""
+    for rank in range(8):
+        tensor = tuple(range(rank // 4 * 4, rank // 4 * 4 + 4))
+        data = (rank % 4, rank % 4 + 4)
+        expected = sorted([(AR, rows * d * size, tensor)] + [(AR, d * h * size, data)] * 2 + [(AR, F32, data)])
+        assert matmuls_and_collectives(out, rank) == (5 * 2 * rows * d * h, expected), f"rank {rank}"
+
+
 def layout(**shapes):
     """A layout of parameters named by path (`__` for `/`) and a batch [16, 64]: D = 64."""
     inputs = [InputLayout(path.replace("__", "/"), shape, "float32", (), "model") for path, shape in shapes.items()]
@@ -60,11 +71,7 @@ def test_square_mlp_follows_its_own_split(tmp_path):
     found = extract_warnings(EXAMPLES / "mlp.py", "2x4", tmp_path / "t", "--model-arg", "width=1024",
                              "--model-arg", "hidden=1024", "--strategy", "dp+tp")
     assert found == []
-    for rank in range(8):
-        tensor = tuple(range(rank // 4 * 4, rank // 4 * 4 + 4))
-        data = (rank % 4, rank % 4 + 4)
-        expected = sorted([(AR, rows * d * BF16, tensor)] + [(AR, d * h * BF16, data)] * 2 + [(AR, F32, data)])
-        assert matmuls_and_collectives(tmp_path / "t", rank) == (5 * 2 * rows * d * h, expected), f"rank {rank}"
+    assert_megatron_mlp(tmp_path / "t", rows, d, h, BF16)
 
 
 def test_square_weights_without_a_declared_split_warn(tmp_path):
@@ -94,12 +101,7 @@ def test_square_weights_follow_their_logical_names(tmp_path):
     found = extract_warnings(MODELS / "flax_nnx.py", "2x4", tmp_path / "t", "--model-arg", "hidden=256",
                              "--strategy", "dp+tp")
     assert found == []
-    rows, d, h = 32, 256, 64
-    for rank in range(8):
-        tensor = tuple(range(rank // 4 * 4, rank // 4 * 4 + 4))
-        data = (rank % 4, rank % 4 + 4)
-        expected = sorted([(AR, rows * d * F32, tensor)] + [(AR, d * h * F32, data)] * 2 + [(AR, F32, data)])
-        assert matmuls_and_collectives(tmp_path / "t", rank) == (5 * 2 * rows * d * h, expected), f"rank {rank}"
+    assert_megatron_mlp(tmp_path / "t", 32, 256, 64, F32)
 
 
 def test_a_batch_that_does_not_divide_is_a_warning(tmp_path):
