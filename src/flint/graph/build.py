@@ -346,6 +346,8 @@ class _Builder:
                 )
                 if kernel := kernel_of(op):
                     attributes["kernel"] = kernel
+                if cost.gemm is not None:
+                    attributes["gemm"] = cost.gemm.as_list()
                 if "instruction" in op.attrs:
                     attributes["instruction"] = op.attrs["instruction"]
                 self.add(op, attributes)

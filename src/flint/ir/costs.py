@@ -3,7 +3,11 @@
 The rules are deliberately simple and documented (README, "Cost rules") so a user can check any number
 by hand from the op's shapes:
 
-- bytes: every operand plus every result at its element size (bf16 2, f8 1, pred 1, sub-byte packed);
+- bytes: every operand plus every result at its element size (bf16 2, f8 1, pred 1, sub-byte packed),
+  except where a kernel touches less: a slice (`slice`, `dynamic_slice`, `gather`) reads only the
+  elements it returns, and a `dynamic_update_slice` updates its buffer in place, reading and writing
+  only the update (the buffer is neither read nor copied). How `lax.scan` reads one layer of stacked
+  weights, and how a KV cache or saved activations are written, cost the slice, not the buffer;
 - `dot_general`: 2 x result elements x product of contracting sizes (batch dims are in the result);
 - `convolution`: 2 x batch x output features x kernel input features (already per group) x, per
   spatial dimension, the (output position, kernel tap) pairs that read a real input element: not
@@ -18,7 +22,9 @@ by hand from the op's shapes:
 - data movement (transpose, slice, concatenate, pad, gather, scatter, broadcast, ...): 0 FLOPs, bytes;
 - constants, reshapes, bitcasts and tuple plumbing: free, never emitted;
 - a fusion (optimised stage): the FLOPs of the ops inside it, the bytes of its own operands and
-  results, since the intermediate values never leave the kernel;
+  results, since the intermediate values never leave the kernel; by the same slice rule, an operand
+  the fusion only slices counts the slices it reads, and a result that is an in-place
+  `dynamic_update_slice` of an operand counts its update, that operand nothing;
 - a cuBLAS call of the GPU compiler (`flint.ir.parse.LIBRARY_GEMMS`): the dot it runs, costed as
   `dot_general`, and the bytes of its operands and product (not of its scratch workspace). A fused
   epilogue (bias, activation) adds nothing, as in XLA's own cost analysis of these calls.
@@ -59,6 +65,27 @@ COLLECTIVES = frozenset(
 )
 
 
+SLICES = frozenset({"slice", "dynamic_slice", "gather"})
+"""Ops that read only the elements they return from their first operand."""
+VIEWS = frozenset({"reshape", "bitcast"})
+"""Ops that rename a buffer without touching it: a slice of a view reads from the buffer beneath."""
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """The matmul a GEMM kernel runs: `batch` independent [m, k] x [k, n] products of `bits`-bit
+    operands. What a kernel-time model needs beyond FLOPs: how the product tiles over the chip."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    bits: int
+
+    def as_list(self) -> list[int]:
+        return [self.batch, self.m, self.n, self.k, self.bits]
+
+
 @dataclass(frozen=True)
 class Cost:
     """One op's cost on one rank. `known` is False when no rule applied and only bytes are counted."""
@@ -68,6 +95,7 @@ class Cost:
     transcendentals: int = 0
     bytes: int = 0
     known: bool = True
+    gemm: Gemm | None = None
 
 
 def _taps(outputs: int, kernel: int, inputs: int, stride: int, pad_low: int, lhs_dilation: int,
@@ -92,9 +120,57 @@ def _convolution_flops(op: Op, out: int) -> int:
 
 
 def _bytes(op: Op) -> int:
-    """Operands and results; a library gemm's tuple result counts as its product."""
-    results = (op.attrs["product"],) if "product" in op.attrs else op.result_types
-    return sum(t.nbytes for t in op.operand_types) + sum(t.nbytes for t in results)
+    """Operands and results; a library gemm's tuple result counts as its product; a slice reads
+    what it returns; an in-place update reads and writes its update."""
+    results = [op.attrs["product"]] if "product" in op.attrs else list(op.result_types)
+    operands = list(op.operand_types)
+    if op.opcode in SLICES:
+        operands[0] = op.result_types[0]
+    elif op.opcode == "dynamic_update_slice":  # the buffer is neither read nor copied
+        operands, results = operands[1:], [op.operand_types[1]]
+    return sum(t.nbytes for t in operands) + sum(t.nbytes for t in results)
+
+
+def _fusion_bytes(op: Op) -> int:
+    """A fusion's bytes as its kernel moves them: each operand in full, or the slices of it that
+    the fusion reads, or nothing where the fusion updates it in place; each result in full, or the
+    update that an in-place `dynamic_update_slice` writes into its operand's buffer."""
+    region = op.regions[0]
+    argument = {value: i for i, value in enumerate(region.arguments)}
+    producer = {value: inner for inner in region.ops for value in inner.results}
+
+    def beneath(value: int) -> int:
+        while value in producer and producer[value].opcode in VIEWS:
+            value = producer[value].operands[0]
+        return value
+
+    def in_place(value: int) -> Op | None:
+        """The update that writes this result into an operand's buffer, if it is one."""
+        update = producer.get(beneath(value))
+        if update is not None and update.opcode == "dynamic_update_slice" and beneath(update.operands[0]) in argument:
+            return update
+        return None
+
+    updates = {id(u) for u in map(in_place, region.results) if u is not None}
+    sliced: dict[int, int] = {}  # argument -> bytes of the slices read from it
+    whole: set[int] = set()
+    for inner in region.ops:
+        if inner.opcode in VIEWS:
+            continue
+        for position, value in enumerate(inner.operands):
+            i = argument.get(beneath(value))
+            if i is None or (position == 0 and id(inner) in updates):
+                continue
+            if position == 0 and inner.opcode in SLICES:
+                sliced[i] = sliced.get(i, 0) + inner.result_types[0].nbytes
+            else:
+                whole.add(i)
+    whole.update(argument[value] for value in region.results if value in argument)
+    operands = sum(t.nbytes if i in whole else min(sliced.get(i, 0), t.nbytes)
+                   for i, t in enumerate(op.operand_types))
+    results = sum(u.operand_types[1].nbytes if (u := in_place(value)) else t.nbytes
+                  for t, value in zip(op.result_types, region.results))
+    return operands + results
 
 
 def _flops(op: Op) -> int | None:
@@ -126,6 +202,22 @@ def _flops(op: Op) -> int | None:
     return None
 
 
+def _gemm(op: Op) -> Gemm | None:
+    """The matmul of a `dot_general`, `dot` or cuBLAS call: batch, rows, columns and depth."""
+    if op.opcode not in ("dot_general", "dot") and "product" not in op.attrs:
+        return None
+    lhs = op.operand_types[0]
+    if op.opcode == "dot":
+        contracting, batching = (len(lhs.shape) - 1,), ()
+    else:
+        contracting, batching = op.attrs["lhs_contracting"], op.attrs["lhs_batching"]
+    out = op.attrs["product"].elements if "product" in op.attrs else op.result_types[0].elements
+    batch = math.prod(lhs.shape[d] for d in batching)
+    k = math.prod(lhs.shape[d] for d in contracting)
+    m = lhs.elements // max(batch * k, 1)
+    return Gemm(batch, m, out // max(batch * m, 1), k, lhs.bits)
+
+
 KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
 """A fusion (a kernel of the optimised module) that runs one of these is named after it."""
 
@@ -152,15 +244,17 @@ def cost_of(op: Op) -> Cost:
         return Cost(MEMORY, bytes=_bytes(op))
     if op.opcode == FUSION:
         inner = [cost_of(o) for o in op.regions[0].ops]
+        gemms = [c for c in inner if c.gemm is not None]
         return Cost(
             COMPUTE,
             flops=sum(c.flops for c in inner),
             transcendentals=sum(c.transcendentals for c in inner),
-            bytes=_bytes(op),
+            bytes=_fusion_bytes(op),
             known=all(c.known for c in inner),
+            gemm=max(gemms, key=lambda c: c.flops).gemm if gemms else None,
         )
     flops = _flops(op)
     transcendentals = op.result_types[0].elements if op.opcode in TRANSCENDENTAL else 0
     if flops is None:
         return Cost(COMPUTE, bytes=_bytes(op), known=False)
-    return Cost(COMPUTE, flops=flops, transcendentals=transcendentals, bytes=_bytes(op))
+    return Cost(COMPUTE, flops=flops, transcendentals=transcendentals, bytes=_bytes(op), gemm=_gemm(op))
