@@ -156,10 +156,11 @@ def test_extracts_with_the_system_cuda_out_of_reach(tmp_path):
 
 
 
-def test_durations_add_up_to_the_roofline(mlp_gpu):
+def test_durations_add_up_to_the_roofline(tmp_path):
     """Kernels take a few microseconds each; their whole-microsecond durations still add up to the
     exact H100 roofline (989 TFLOP/s, 3,350 GB/s) of the rank, not to a 1 µs floor per kernel."""
-    out, _ = mlp_gpu
+    out = tmp_path / "roofline"
+    extract(EXAMPLES / "mlp.py", f"{DP}x{TP}", out, "--backend", "gpu:h100", "--durations", "roofline")
     for rank in range(DP * TP):
         nodes = [n for n in read_trace(out / f"mlp.{rank}.et").nodes if n.type == pb.COMP_NODE]
         exact = sum(
@@ -172,7 +173,7 @@ def test_durations_add_up_to_the_roofline(mlp_gpu):
 def test_the_roofline_is_the_backends_gpu(tmp_path):
     """On gpu:b200 with no --device, kernels are timed by the B200's roofline (2,250 TFLOP/s,
     8,000 GB/s), and the manifest says so."""
-    extract(EXAMPLES / "mlp.py", "2x4", tmp_path / "b200", "--backend", "gpu:b200")
+    extract(EXAMPLES / "mlp.py", "2x4", tmp_path / "b200", "--backend", "gpu:b200", "--durations", "roofline")
     assert json.loads((tmp_path / "b200" / "manifest.json").read_text())["device"]["name"] == "b200"
     nodes = [n for n in read_trace(tmp_path / "b200" / "mlp.0.et").nodes if n.type == pb.COMP_NODE]
     exact = sum(max(attr_value(n, "num_ops") / 2250e12, attr_value(n, "tensor_size") / 8000e9) * 1e6 for n in nodes)

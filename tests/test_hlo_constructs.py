@@ -409,7 +409,7 @@ def test_broadcast_is_replayed_from_a_chain_duration():
         "  ROOT b = bf16[16,4] collective-broadcast(p), replica_groups={{0,1,2,3},{4,5,6,7}}, "
         "channel_id=1"
     )
-    messages = NodeMessages(graph_of(entry), BUILTIN["h100"])
+    messages = NodeMessages(graph_of(entry), BUILTIN["h100"], "roofline")
     message = messages.message(Planned(COLLECTIVE, 0, 0, ()), RunningMicros())
     assert attr_value(message, "comm_type") == pb.BROADCAST
     assert attr_value(message, "comm_size") == 128

@@ -33,7 +33,7 @@ from flint.simulation import simulate as run_simulation
 
 
 def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend: str = DEFAULT_BACKEND,
-                    slices: int = 1, stage: str | None = None, device: str | None = None, durations: str = "roofline",
+                    slices: int = 1, stage: str | None = None, device: str | None = None, durations: str | None = None,
                     name: str | None = None, strategy: str | None = None, rules: Iterable[str] = (),
                     shards: Iterable[str] = (), config: str | Path | None = None,
                     model_args: Mapping[str, Any] | Iterable[str] | None = None,
@@ -59,7 +59,7 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
         strict=strict,
         loop_trips=loop_trips,
         backend=parsed_backend,
-        durations=durations,
+        durations=durations or parsed_backend.default_durations,
         layout=merge(
             read_config(Path(config)) if config else None,
             LayoutRequest(strategy=strategy, rules=tuple(map(parse_rule, rules)),

@@ -78,7 +78,8 @@ class ExtractRequest:
     layout: LayoutRequest = LayoutRequest()
     backend: Backend = CPU
     durations: str = "roofline"
-    """`roofline` (the device's), or `xla`: the GPU compiler's own estimate of each kernel."""
+    """`calibrated` (the device's kernel model, the default on GPU backends), `roofline` (its
+    peaks), or `xla`: the GPU compiler's own estimate of each kernel."""
     pipeline: PipelineRequest | None = None
     model_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of the model file's `workload(mesh, ...)`, in the order given."""
@@ -128,11 +129,7 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
                 item.path: [list(axes) for axes in item.spec] for item in extraction.layout.inputs
             },
         },
-        "device": {
-            "name": request.device.name,
-            "peak_tflops": request.device.peak_tflops,
-            "mem_bw_gbps": request.device.mem_bw_gbps,
-        },
+        "device": request.device.as_json(),
         "versions": _versions(),
         "files": {
             "traces": f"{prefix}.{{rank}}.et",
@@ -195,7 +192,8 @@ def write_trace(
         extraction.groups,
         extraction.classes,
         metadata={"producer": f"flint {__version__}", "mesh": str(request.mesh)},
-        estimates=extraction.module.estimates if request.durations == "xla" else None,
+        durations=request.durations,
+        estimates=_xla_estimates(request, extraction),
     )
     ranks = request.mesh.size
     out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
@@ -218,6 +216,23 @@ def write_trace(
         )
     extraction.files = sorted(os.listdir(out.staging))
     return {"emit": written - started, "check": time.perf_counter() - written}
+
+
+def _xla_estimates(request: ExtractRequest, extraction: Extraction):
+    """XLA's own time for every kernel, under `--durations xla`: all of them or a one-line error,
+    never a trace that quietly times some kernels by another model."""
+    if request.durations != "xla":
+        return None
+    estimates = extraction.module.estimates
+    graph = extraction.graph.graph
+    missing = [n for n, data in graph.nodes(data=True)
+               if data["kind"] != "collective" and data.get("instruction") not in estimates]
+    if missing:
+        raise FlintError(
+            f"--durations xla: XLA's scheduler gave no estimate for {len(missing)} of this step's "
+            f"{len(graph)} nodes (the first: {graph.nodes[missing[0]]['name']!r}): use --durations calibrated"
+        )
+    return estimates
 
 
 def extract(

@@ -56,6 +56,12 @@ class Backend:
         return own if own in BUILTIN else "h100"
 
     @property
+    def default_durations(self) -> str:
+        """The calibrated kernel model on a GPU compiler's kernels; elsewhere (one node per op
+        of the partitioned module, or a TPU) the roofline, which has no per-kernel costs."""
+        return "calibrated" if self.gpu is not None else "roofline"
+
+    @property
     def default_stage(self) -> str:
         """The GPU compiler's optimised module is its kernels; the others' are their hosts'."""
         return "optimized" if self.gpu is not None else "partitioned"

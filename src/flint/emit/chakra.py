@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from flint.devices import Device
+from flint.devices.kernels import kernel_micros
 from flint.emit.classes import RankClasses
 from flint.emit.durations import RunningMicros
 from flint.emit.groups import GroupTable
@@ -65,17 +66,19 @@ def peer_bytes(src: int, dst: int) -> bytes:
 class NodeMessages:
     """The rank-independent part of each planned node's message."""
 
-    def __init__(self, graph: WorkloadGraph, device: Device, estimates: Mapping[int, float] | None = None):
+    def __init__(self, graph: WorkloadGraph, device: Device, durations: str,
+                 estimates: Mapping[int, float] | None = None):
         self.graph = graph.graph
         self.device = device
+        self.durations = durations
         self.estimates = estimates
 
     def micros(self, data: dict) -> float:
-        """The node's exact time: XLA's estimate for its instruction where asked for and known,
-        else the device's roofline."""
-        if self.estimates is not None and data.get("instruction") in self.estimates:
+        """The node's exact time: XLA's estimate for its instruction under `--durations xla`
+        (the pipeline makes sure every kernel has one), else the device's kernel model."""
+        if self.durations == "xla":
             return self.estimates[data["instruction"]]
-        return self.device.micros(data["flops"], data["bytes"])
+        return kernel_micros(self.device, self.durations, data["flops"], data["bytes"], data.get("gemm"))
 
     def message(self, planned: Planned, durations: RunningMicros) -> pb.Node:
         data = self.graph.nodes[planned.node]
@@ -100,6 +103,8 @@ class NodeMessages:
                 message.attr.append(_attr("transcendentals", int64_val=data["transcendentals"]))
             if "kernel" in data:
                 message.attr.append(_attr("kernel", string_val=data["kernel"]))
+            if "gemm" in data:
+                message.attr.append(_attr("gemm", int64_list=pb.Int64List(values=data["gemm"])))
         elif planned.kind == COLLECTIVE:
             message.type = pb.COMM_COLL_NODE
             if data["collective"] == "collective_broadcast":
@@ -135,12 +140,13 @@ class ChakraEmitter:
         groups: GroupTable,
         classes: RankClasses,
         metadata: dict,
+        durations: str = "roofline",
         estimates: Mapping[int, float] | None = None,
     ):
         self.graph = graph
         self.groups = groups
         self.classes = classes
-        self._messages = NodeMessages(graph, device, estimates)
+        self._messages = NodeMessages(graph, device, durations, estimates)
         self._header = encode_delimited(
             pb.GlobalMetadata(
                 version=SCHEMA_VERSION,

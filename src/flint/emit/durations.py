@@ -4,7 +4,7 @@ Chakra stores a node's duration in whole microseconds, and most kernels of a ste
 one: rounding each node up (or down) on its own would make a rank's compute several times too long
 (or free). Instead each node gets the whole microseconds by which the rounded running total of the
 exact times grows, so every prefix of a rank's nodes, and the whole rank, is within half a
-microsecond of the exact sum, and a replaying simulator adds up to the roofline.
+microsecond of the exact sum, and a replaying simulator adds up to the modelled time.
 
 A node of 0 µs is fine in replay mode (ASTRA-sim gives it a nanosecond). In roofline mode ASTRA-sim
 times nodes from `num_ops` and `tensor_size` instead, and there a node of under a nanosecond at
@@ -12,10 +12,6 @@ time 0 aborts it (upstream bug): that depends on the system configuration's peak
 """
 
 from __future__ import annotations
-
-DURATIONS = ("roofline", "xla")
-"""What a node's exact time is: the device's roofline, or (GPU compiler) XLA's estimate of it."""
-
 
 class RunningMicros:
     """The durations of one rank's nodes, in file order."""

@@ -1,0 +1,176 @@
+"""Device files: a device's peaks and calibrated efficiencies, read from TOML (or JSON).
+
+The built-in devices are the files in `data/`; `--device FILE` takes any file of the same form,
+and `flint calibrate` writes one. Only `name`, `peak_tflops` and `mem_bw_gbps` are required: a
+file without a `[calibration]` table times kernels at the peaks (efficiency 1, no fixed cost), so
+its calibrated times equal the roofline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from flint.errors import FlintError
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How close real kernels come to the peaks, measured (see each device file's sources).
+
+    - `gemm_efficiency`: a large GEMM's throughput over the matrix peak;
+    - `gemm_tile`: the output tile one compute unit works on (rows, columns), which sets how a
+      product's tiles fill the chip in waves;
+    - `gemm_k_overhead`: a tile's fixed cost in contraction depth: a GEMM of depth k runs at
+      k / (k + overhead) of its rate (the pipeline's fill and the epilogue);
+    - `memory_efficiency`: the achievable memory bandwidth over the peak;
+    - `kernel_overhead_us`: what every kernel costs beyond its work (launch, ramp, tail).
+    """
+
+    gemm_efficiency: float = 1.0
+    gemm_tile: tuple[int, int] = (128, 128)
+    gemm_k_overhead: float = 0.0
+    memory_efficiency: float = 1.0
+    kernel_overhead_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device: `peak_tflops` dense 16-bit matrix throughput (TFLOP/s), `mem_bw_gbps` memory
+    bandwidth (GB/s, 10^9 bytes/s), `vector_tflops` for work outside the matrix units (element-wise,
+    reductions), `compute_units` (SMs, CUs) and the `calibration` of its kernels."""
+
+    name: str
+    peak_tflops: float
+    mem_bw_gbps: float
+    vector_tflops: float | None = None
+    compute_units: int = 1
+    calibration: Calibration = field(default_factory=Calibration)
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def micros(self, flops: int, nbytes: int) -> float:
+        """The roofline time in microseconds, unrounded: the emitted whole microseconds add up to
+        it (`flint.emit.durations`), and ASTRA-sim's roofline mode applies the same bound."""
+        return max(flops / (self.peak_tflops * 1e12), nbytes / (self.mem_bw_gbps * 1e9)) * 1e6
+
+    def as_json(self) -> dict:
+        """Everything a reader needs to time the trace again as it was timed (the manifest's)."""
+        data = asdict(self)
+        data["calibration"]["gemm_tile"] = list(self.calibration.gemm_tile)
+        data["sources"] = dict(self.sources)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, origin: str = "device") -> Device:
+        """A device from a file's or a manifest's table, each number checked."""
+        return _device(data, origin)
+
+
+DATA = "data"
+
+
+def _builtin() -> dict[str, Device]:
+    folder = resources.files(__package__) / DATA
+    devices = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            device = _device(tomllib.loads(entry.read_text()), entry.name)
+            devices[device.name] = device
+    return devices
+
+
+def load_device(spec: str) -> Device:
+    """A built-in name (`h100`, ...), or a `.toml` or `.json` device file."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    path = Path(spec)
+    if path.suffix not in (".toml", ".json"):
+        raise FlintError(
+            f"unknown --device {spec!r}: use one of {', '.join(BUILTIN)} or a .toml or .json device file"
+        )
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except FileNotFoundError:
+        raise FlintError(f"device file {spec!r} not found") from None
+    except OSError as exc:  # a directory, or a file this user may not read
+        raise FlintError(f"cannot read device file {spec!r}: {exc.strerror}: give a readable file") from None
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise FlintError(f"device file {spec!r} is not valid {path.suffix[1:].upper()}: {exc}") from None
+    return _device(data, spec)
+
+
+def _device(data, origin: str) -> Device:
+    try:
+        if not isinstance(data, dict):
+            raise TypeError(f"it is a {type(data).__name__}, not a table")
+        calibration = data.get("calibration", {})
+        if not isinstance(calibration, dict):
+            raise TypeError("calibration is not a table")
+        unknown = set(calibration) - {f.name for f in fields(Calibration)}
+        if unknown:
+            raise KeyError(f"unknown calibration key {sorted(unknown)[0]!r}")
+        tile = calibration.get("gemm_tile", Calibration.gemm_tile)
+        if not (isinstance(tile, (list, tuple)) and len(tile) == 2 and all(
+                isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
+            raise ValueError(f"gemm_tile is {tile!r}, not two positive integers")
+        device = Device(
+            name=str(data["name"]),
+            peak_tflops=_positive(data, "peak_tflops"),
+            mem_bw_gbps=_positive(data, "mem_bw_gbps"),
+            vector_tflops=_positive(data, "vector_tflops") if data.get("vector_tflops") is not None else None,
+            compute_units=int(_positive(data, "compute_units")) if "compute_units" in data else 1,
+            calibration=Calibration(
+                gemm_efficiency=_fraction(calibration, "gemm_efficiency"),
+                gemm_tile=(tile[0], tile[1]),
+                gemm_k_overhead=_rate(calibration, "gemm_k_overhead", 0.0),
+                memory_efficiency=_fraction(calibration, "memory_efficiency"),
+                kernel_overhead_us=_rate(calibration, "kernel_overhead_us", 0.0),
+            ),
+            sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
+        )
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
+        raise FlintError(
+            f"device file {origin!r} is not valid: it needs name, peak_tflops and mem_bw_gbps "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    return device
+
+
+def _rate(data: dict, key: str, default: float | None = None) -> float:
+    """`data[key]` as a finite number of at least 0. Python's JSON reads NaN and Infinity, which
+    would pass a sign check (NaN) or reach the manifest, which JSON cannot hold (Infinity)."""
+    if key not in data and default is not None:
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} is {value!r}, not a number")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{key} is {value!r}, not a finite number of at least 0")
+    return float(value)
+
+
+def _positive(data: dict, key: str) -> float:
+    value = _rate(data, key)
+    if value <= 0:
+        raise ValueError(f"{key} must be positive")
+    return value
+
+
+def _fraction(data: dict, key: str) -> float:
+    value = _rate(data, key, 1.0)
+    if not 0 < value <= 1:
+        raise ValueError(f"{key} is {value!r}, not in (0, 1]")
+    return value
+
+
+BUILTIN: dict[str, Device] = _builtin()
+"""The devices of the files in `data/`, by name."""
