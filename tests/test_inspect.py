@@ -27,7 +27,7 @@ from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import locate_traces, read_trace
-from flint.trace.timing import Link, NodeTimer
+from flint.trace.timing import Compute, Link, NodeTimer
 
 DEVICE_ARGS = ("--link-gbps", "1", "--link-latency-us", "2")
 
@@ -40,7 +40,7 @@ def device_file(tmp_path: Path) -> Path:
 
 def timer(directory: Path) -> NodeTimer:
     files = locate_traces(directory)
-    return NodeTimer(Device("test", 1.0, 1.0), Link(1.0, 2.0), files.groups, files.num_ranks)
+    return NodeTimer(Compute(Device("test", 1.0, 1.0), "roofline"), Link(1.0, 2.0), files.groups, files.num_ranks)
 
 
 def test_inspect_json_has_group_sizes_peers_and_heaviest(tmp_path: Path) -> None:

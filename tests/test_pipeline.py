@@ -27,7 +27,7 @@ from flint.pipelining import gpipe, interleaved, one_f_one_b
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
-from flint.trace.timing import Link, NodeTimer
+from flint.trace.timing import Compute, Link, NodeTimer
 
 MODEL = MODELS / "pipeline_gpt.py"
 S, M = 4, 8
@@ -294,7 +294,7 @@ def bubbles(directory: Path) -> dict[int, float]:
     """Per stage: the share of the pipeline's span (first forward to last backward over all ranks)
     that the stage spends outside its forwards and backwards. A unit lasts from its first node's
     start to its last node's end, tensor-parallel reductions inside it included."""
-    timeline = load_timeline(directory, None, lambda groups, n: NodeTimer(SLOW, HOP, groups, n))
+    timeline = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(SLOW, "roofline"), HOP, groups, n))
     units: dict[tuple[int, str], tuple[float, float]] = {}
     for piece in timeline.slices:
         match = UNIT.match(piece.name)

@@ -26,7 +26,7 @@ from flint.analysis.timeline import COMM, COMPUTE, load_timeline, to_trace_event
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.timing import Link, NodeTimer
+from flint.trace.timing import Compute, Link, NodeTimer
 
 DEVICE = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)
 LINK = Link(bandwidth_gbps=1.0, latency_us=2.0)
@@ -66,7 +66,7 @@ def two_ranks() -> TraceSet:
 
 
 def timer_for(groups, num_ranks: int) -> NodeTimer:
-    return NodeTimer(DEVICE, LINK, groups, num_ranks)
+    return NodeTimer(Compute(DEVICE, "roofline"), LINK, groups, num_ranks)
 
 
 def test_schedule_matches_hand_derivation(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from flint.analysis.dot import MAX_NODES
 from flint.compile.backend import DEFAULT_BACKEND
 from flint.compile.capture import STAGES
 from flint.devices import BUILTIN, load_device
-from flint.emit.durations import DURATIONS
+from flint.devices.kernels import DURATIONS
 from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
@@ -227,14 +227,17 @@ def _model_arg_option(command):
               show_default=True, help="Directory to write the trace into (must be empty or new).")
 @click.option("--name", help="File name prefix of the trace files [default: the model file's stem].")
 @click.option("--device", "device_spec", metavar="DEVICE",
-              help=f"Roofline for duration_micros: {', '.join(BUILTIN)}, or a JSON spec file "
-                   "[default: the backend's GPU or TPU where it is one of these, else h100].")
+              help=f"Device that times kernels for duration_micros: {', '.join(BUILTIN)}, or a "
+                   ".toml/.json device file [default: the backend's GPU or TPU where it is one of "
+                   "these, else h100].")
 @click.option("--stage", type=click.Choice(STAGES),
               help="Module to trace: right after SPMD partitioning, or fully optimised (the GPU "
                    "compiler's kernels) [default: optimized on gpu backends, else partitioned].")
-@click.option("--durations", type=click.Choice(DURATIONS), default="roofline", show_default=True,
-              help="Kernel times for duration_micros: the --device roofline, or xla: the GPU "
-                   "compiler's own estimates (its latency-hiding scheduler), with --backend gpu.")
+@click.option("--durations", type=click.Choice(DURATIONS),
+              help="Kernel times for duration_micros: calibrated (the --device's kernel model: GEMM "
+                   "throughput by shape, achievable bandwidth, a cost per kernel), roofline (its "
+                   "peaks), or xla (the GPU compiler's own estimates, with --backend gpu) "
+                   "[default: calibrated on gpu backends, else roofline].")
 @click.option("--backend", "backend_spec", default=DEFAULT_BACKEND, show_default=True, metavar="BACKEND",
               help="Virtual devices: gpu:h100|h200|a100|b200|FILE (XLA's GPU compiler, any count), "
                    "cpu (the CPU compiler, up to 2,048), or tpu:TOPOLOGY such as tpu:v5p:16x16x32 "
@@ -392,8 +395,8 @@ def _read_trace(path: Path):
 
 
 def _timing_options(command):
-    """--device, --link-gbps, --link-latency-us: what a node's time is (flint.trace.timing)."""
-    from flint.trace.timing import DEFAULT_LINK_GBPS, DEFAULT_LINK_LATENCY_US
+    """--device, --durations, --link-gbps, --link-latency-us: what a node's time is (flint.trace.timing)."""
+    from flint.trace.timing import DEFAULT_LINK_GBPS, DEFAULT_LINK_LATENCY_US, READER_DURATIONS
 
     for option in (
         click.option("--link-latency-us", type=click.FloatRange(min=0), default=DEFAULT_LINK_LATENCY_US,
@@ -401,17 +404,35 @@ def _timing_options(command):
         click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
                      default=DEFAULT_LINK_GBPS, show_default=True,
                      help="Link bandwidth per rank in GB/s (10^9 bytes/s)."),
-        click.option("--device", "device_spec", default="h100", show_default=True, metavar="DEVICE",
-                     help=f"Roofline for compute times: {', '.join(BUILTIN)}, or a JSON spec file."),
+        click.option("--durations", type=click.Choice(READER_DURATIONS),
+                     help="Compute times: trace (each node's duration_micros, as extracted), or "
+                          "calibrated or roofline: timed again by that kernel model on --device "
+                          "[default: trace; calibrated with --device]."),
+        click.option("--device", "device_spec", metavar="DEVICE",
+                     help=f"Time compute again on this device: {', '.join(BUILTIN)}, or a .toml/.json "
+                          "device file [default: the trace's own durations; with --durations, the "
+                          "device its manifest records]."),
     ):
         command = option(command)
     return command
 
 
-def _timer(device_spec: str, link_gbps: float, link_latency_us: float, groups, num_ranks: int):
+def _compute(path: Path, files, device_spec: str | None, durations: str | None):
+    """How the trace at `path` (a directory or one of its files) times compute."""
+    from flint.trace.reader import parse_trace_name, read_manifest
+    from flint.trace.timing import reader_compute
+
+    manifest = None
+    if durations not in (None, "trace") or device_spec:
+        directory = path if path.is_dir() else path.parent
+        manifest = read_manifest(directory, parse_trace_name(files.paths[0])[0])
+    return reader_compute(device_spec, durations, manifest)
+
+
+def _timer(compute, link_gbps: float, link_latency_us: float, groups, num_ranks: int):
     from flint.trace.timing import Link, NodeTimer
 
-    return NodeTimer(load_device(device_spec), Link(link_gbps, link_latency_us), groups, num_ranks)
+    return NodeTimer(compute, Link(link_gbps, link_latency_us), groups, num_ranks)
 
 
 @main.command()
@@ -421,7 +442,7 @@ def _timer(device_spec: str, link_gbps: float, link_latency_us: float, groups, n
 @click.option("--json", "as_json", is_flag=True, help="Print the per-rank summaries as JSON.")
 @_groups_option
 @_timing_options
-def inspect(path, rank, prefix, as_json, groups_file, device_spec, link_gbps, link_latency_us):
+def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, link_gbps, link_latency_us):
     """Summarise a trace, rank by rank.
 
     Nodes by type, FLOPs, bytes, collectives by kind and group size, send/recv peers, the heaviest
@@ -435,7 +456,8 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, link_gbps, li
     from flint.analysis.views import inspect_view
 
     files = _trace_files(path, prefix, rank, groups_file)
-    timer = _timer(device_spec, link_gbps, link_latency_us, files.groups, files.num_ranks)
+    compute = _compute(path, files, device_spec, durations)
+    timer = _timer(compute, link_gbps, link_latency_us, files.groups, files.num_ranks)
     summaries = [summarize(_read_trace(f), timer) for f in files.paths]
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
@@ -501,7 +523,8 @@ def check(directory, prefix, num_ranks, groups_file, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print each rank's times as JSON.")
 @_groups_option
 @_timing_options
-def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, link_gbps, link_latency_us):
+def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, link_gbps,
+             link_latency_us):
     """Schedule one step as a timeline.
 
     Writes Chrome trace-event JSON (open it in ui.perfetto.dev), before spending hours in
@@ -513,12 +536,13 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     from flint.analysis.views import timeline_view
 
     _trace_set(directory, prefix)
+    compute = _compute(directory, _trace_files(directory, prefix, None, groups_file), device_spec, durations)
     scheduled = load_timeline(
         directory, prefix,
-        lambda groups, num_ranks: _timer(device_spec, link_gbps, link_latency_us, groups, num_ranks),
+        lambda groups, num_ranks: _timer(compute, link_gbps, link_latency_us, groups, num_ranks),
         groups_file,
     )
-    metadata = {"trace": str(directory), "device": device_spec, "link_gbps": link_gbps,
+    metadata = {"trace": str(directory), "compute": compute.label, "link_gbps": link_gbps,
                 "link_latency_us": link_latency_us}
     try:
         output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
@@ -664,7 +688,7 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
 @_model_arg_option
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict, counts and times as JSON.")
 @_timing_options
-def validate(model, mesh_spec, traces, model_args, as_json, device_spec, link_gbps, link_latency_us):
+def validate(model, mesh_spec, traces, model_args, as_json, device_spec, durations, link_gbps, link_latency_us):
     """Run the step and check its trace.
 
     MODEL is a model file as for extract (JAX or PyTorch). The step runs once on the virtual
@@ -678,10 +702,13 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, link_gb
     from flint.analysis.views import validation_view
     from flint.trace.timing import Link
 
+    # A fresh extraction is written on --device; a given trace is timed as the other readers time it.
+    compute = _compute(traces, _trace_files(traces, None), device_spec, durations) if traces else None
     request = ValidateRequest(
         model=model,
         mesh=parse_mesh(mesh_spec),
-        device=load_device(device_spec),
+        device=load_device(device_spec or "h100"),
+        compute=compute,
         link=Link(link_gbps, link_latency_us),
         traces=traces,
         command=shlex.join(["flint", *sys.argv[1:]]),
@@ -703,7 +730,7 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, link_gb
         stdout.print(f"compute ops per rank: {', '.join(map(str, executed))} executed, "
                      f"{', '.join(map(str, traced))} in the trace"
                      + ("" if verdict.compute_counts_agree else " [yellow](counts differ)[/]"))
-        stdout.print(validation_view(verdict, request.device.name))
+        stdout.print(validation_view(verdict, (compute.label if compute else f"roofline on {request.device.name}")))
     if not verdict.ok:
         stderr.print(f"[bold red]the graph and the execution disagree on {len(verdict.disagreements)} "
                      "transfers[/]")
@@ -720,6 +747,54 @@ def _branches(count: int) -> str:
 
 
 @main.command()
+@click.argument("profile", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Device file to write (.toml), for --device.")
+@click.option("--rank", type=int, default=0, show_default=True, help="The trace's rank that was profiled.")
+@click.option("--device", "device_spec", metavar="DEVICE",
+              help="Device whose peaks to keep [default: the one the trace's manifest records].")
+@click.option("--name", help="Name of the fitted device [default: the device's, with -calibrated].")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
+def calibrate(profile, trace, output, rank, device_spec, name, as_json):
+    """Fit a device's kernel model to a profiled step.
+
+    PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
+    trace-event JSON, .json or .json.gz, that jax.profiler writes); TRACE is Flint's trace of the
+    same program (a directory or one rank's .et), extracted for that GPU. Kernels are compared by
+    class (GEMMs, everything else): the fit sets the device's per-kernel overhead, GEMM efficiency
+    and memory efficiency so that each class's modelled time equals the measured one, prints the
+    profile beside the model before and after, and writes the device file (use it as --device).
+    """
+    from flint.analysis.calibrate import calibrate as fit_device
+    from flint.analysis.calibrate import device_toml, read_profile
+    from flint.analysis.views import calibration_view
+    from flint.trace.timing import reader_compute
+
+    if output.suffix != ".toml":
+        raise FlintError(f"--output {str(output)!r}: a device file ends in .toml")
+    measured = read_profile(profile)
+    files = _trace_files(trace, None, None if trace.is_file() else rank)
+    from flint.trace.reader import parse_trace_name, read_manifest
+
+    manifest = read_manifest(trace if trace.is_dir() else trace.parent, parse_trace_name(files.paths[0])[0])
+    base = reader_compute(device_spec, "calibrated", manifest).device
+    fit = fit_device(measured, _read_trace(files.paths[0]), base, name or f"{base.name}-calibrated")
+    try:
+        output.write_text(device_toml(fit, profile.name))
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    if as_json:
+        click.echo(json.dumps(fit.as_json(), indent=2))
+        return
+    for key in fit.clamped:
+        stderr.print(f"[yellow]warning:[/] {key}: the profile's kernels of this class are faster than its "
+                     "peaks allow the trace's: kept at 1")
+    stdout.print(calibration_view(fit))
+    stdout.print(f"wrote {output}: use it as --device {output}")
+
+
+@main.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--rank", type=int, default=0, show_default=True, help="The rank to draw.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
@@ -729,7 +804,7 @@ def _branches(count: int) -> str:
 @click.option("--prefix", help="Trace name prefix, when a directory holds several traces.")
 @_groups_option
 @_timing_options
-def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, link_gbps, link_latency_us):
+def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durations, link_gbps, link_latency_us):
     """Draw one rank's dependency graph.
 
     For small traces: nodes with cost and time, data deps solid, ctrl deps dashed.
@@ -737,6 +812,7 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, link_
     from flint.analysis.dot import write_graph
 
     files = _trace_files(path, prefix, None if path.is_file() else rank, groups_file)
-    timer = _timer(device_spec, link_gbps, link_latency_us, files.groups, files.num_ranks)
+    timer = _timer(_compute(path, files, device_spec, durations), link_gbps, link_latency_us, files.groups,
+                   files.num_ranks)
     write_graph(_read_trace(files.paths[0]), timer, output, max_nodes)
     stdout.print(f"wrote {output}")

@@ -37,7 +37,7 @@ from flint.mesh import MeshSpec
 from flint.schema import et_def_pb2 as pb
 from flint.trace.node_rules import ALL_RANKS
 from flint.trace.reader import RankTrace, attr_value, find_traces, read_trace_set
-from flint.trace.timing import Link, NodeTimer, group_id
+from flint.trace.timing import Compute, Link, NodeTimer, group_id
 
 COLLECTIVE_KIND = {
     "all-reduce": "ALL_REDUCE",
@@ -144,6 +144,8 @@ class ValidateRequest:
     traces: Path | None = None
     command: str = ""
     model_args: tuple[tuple[str, Any], ...] = ()
+    compute: Compute | None = None
+    """How the trace's compute is timed; None: its own durations."""
 
 
 def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
@@ -179,7 +181,7 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
             "validate with the mesh the trace was extracted for"
         )
     execution = run_profiled(extraction.workload, make_virtual_mesh(request.mesh))
-    timer = NodeTimer(request.device, request.link, groups, len(traces))
+    timer = NodeTimer(request.compute or Compute(), request.link, groups, len(traces))
     verdict = compare(execution, traces, groups, timer)
     return replace(verdict, costliest_branches=extraction.graph.costliest_branches), execution
 

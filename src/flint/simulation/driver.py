@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flint.analysis.timeline import load_timeline
-from flint.devices import Device, load_device
+from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.network import Network, network_for
 from flint.simulation.run import RankResult, find_simulator, run_simulator
 from flint.trace.errors import TraceFormatError
 from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
-from flint.trace.timing import Link, NodeTimer
+from flint.trace.timing import Compute, Link, NodeTimer, reader_compute
 
 RESULT = "result.json"
 """The report's file in the simulation's directory."""
@@ -95,7 +95,14 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     prefix = parse_trace_name(files.paths[0])[0]
     manifest = _manifest(request.directory, prefix)
     axes = _mesh_axes(manifest, files.num_ranks)
-    device = load_device(request.device or manifest.get("device", {}).get("name", "h100"))
+    if request.device and not request.roofline:
+        raise FlintError("--device times compute in ASTRA-sim's roofline mode: add --roofline (replay "
+                         "mode replays the trace's own durations; extract again with --device to change them)")
+    # The device of ASTRA-sim's system file; another producer's trace names none: an H100's.
+    on_device = (reader_compute(request.device, "roofline", manifest) if request.device or "device" in manifest
+                 else Compute(load_device("h100"), "roofline"))
+    compute = on_device if request.roofline else Compute()
+    device = on_device.device
     network = network_for(request.network, axes)
     groups_file = request.groups or comm_groups_path(request.directory, prefix)
     inputs = SimulationInputs(  # absolute: ASTRA-sim runs in the inputs' directory
@@ -109,7 +116,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     )
     inputs.write()
     simulator = find_simulator(request.simulator)
-    estimate = _estimate(request, device, network) if request.estimate else None
+    estimate = _estimate(request, compute, network) if request.estimate else None
     if simulator is None:
         return Simulation(inputs, None, [], estimate, None)
     multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
@@ -141,11 +148,12 @@ def _mesh_axes(manifest: dict, num_ranks: int) -> list[tuple[str, int]]:
     return [("ranks", num_ranks)]
 
 
-def _estimate(request: SimulateRequest, device: Device, network: Network) -> float:
-    """`flint timeline`'s step time for the trace on `network` (each group's slowest link)."""
+def _estimate(request: SimulateRequest, compute: Compute, network: Network) -> float:
+    """`flint timeline`'s step time for the trace on `network` (each group's slowest link), its
+    compute timed as ASTRA-sim times it: the trace's durations, or the roofline in roofline mode."""
     timeline = load_timeline(
         request.directory, request.prefix,
-        lambda groups, num_ranks: NodeTimer(device, Link(), groups, num_ranks, network.link_for),
+        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, network.link_for),
         request.groups,
     )
     return timeline.step

@@ -1,11 +1,15 @@
-"""How long one Chakra node takes: the roofline for compute, alpha-beta for communication.
+"""How long one Chakra node takes: the trace's own durations for compute, alpha-beta for communication.
 
-`flint timeline` schedules with these times, `flint inspect` ranks nodes by them and `flint validate`
-sets them beside measured ones, so all three agree on what "heavy" means.
+`flint timeline` schedules with these times, `flint inspect` ranks nodes by them, `flint validate`
+sets them beside measured ones and `flint simulate` estimates with them, so all of them agree with
+each other and with the trace.
 
-- COMP nodes: `Device.micros(num_ops, tensor_size)`, unrounded: the roofline whose running sum
-  `duration_micros` follows (`flint.emit.durations`) and that ASTRA-sim's roofline mode applies;
-  MEM nodes: their bytes at memory bandwidth. A node without those attributes (a foreign trace) keeps its `duration_micros`.
+- COMP and MEM nodes: their `duration_micros`, what the extraction's kernel model wrote (the
+  calibrated model by default on GPU backends, see `flint.devices.kernels`), so every command
+  gives the trace's own compute time. Asked to (`--durations calibrated|roofline`, or `--device`),
+  a reader times them again from `num_ops`, `tensor_size` and `gemm` on a device (by default the
+  one the manifest records); a node without those attributes (a foreign trace) keeps its
+  `duration_micros`.
 - Collectives over a group of n ranks, ring algorithm, `comm_size` S in Chakra's convention:
   `steps * alpha + moved / bandwidth` with
 
@@ -28,7 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from flint.devices import Device
+from flint.devices import BUILTIN, Device, load_device
+from flint.devices.kernels import kernel_micros
+from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.trace.node_rules import ALL_RANKS, parse_group_id
 from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes
@@ -37,6 +43,8 @@ DEFAULT_LINK_GBPS = 400.0
 """GB/s (10^9 bytes/s) per rank, about one direction of an H100's NVLink."""
 DEFAULT_LINK_LATENCY_US = 5.0
 """Microseconds per ring step: a collective launch plus one hop."""
+
+_COMPUTE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
 
 _RING = {
     # comm_type: (steps, bytes moved per rank) as functions of n and S
@@ -58,13 +66,50 @@ class Link:
         return steps * self.latency_us + nbytes / (self.bandwidth_gbps * 1e3)
 
 
+READER_DURATIONS = ("trace", "calibrated", "roofline")
+"""How a reader times compute: as the trace says, or again by a kernel model on a device."""
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How compute nodes are timed: `device` None keeps each node's `duration_micros`; else
+    `durations` (`calibrated` or `roofline`) on that device."""
+
+    device: Device | None = None
+    durations: str = "trace"
+
+    @property
+    def label(self) -> str:
+        return "the trace's durations" if self.device is None else f"{self.durations} on {self.device.name}"
+
+
+def reader_compute(device_spec: str | None, durations: str | None, manifest: Mapping | None) -> Compute:
+    """What `--device` and `--durations` of a reader ask for, or one line where they disagree:
+    by default the trace's own durations; `--device` alone, the calibrated model on it; a kernel
+    model without `--device`, the device the trace's manifest records."""
+    durations = durations or ("calibrated" if device_spec else "trace")
+    if durations == "trace":
+        if device_spec:
+            raise FlintError("--device times compute again: use it with --durations calibrated or roofline")
+        return Compute()
+    if device_spec:
+        return Compute(load_device(device_spec), durations)
+    recorded = (manifest or {}).get("device")
+    if not isinstance(recorded, Mapping):
+        raise FlintError(f"--durations {durations} times compute on a device, and this trace has no "
+                         "manifest that names one: give --device")
+    if "calibration" not in recorded and recorded.get("name") in BUILTIN:
+        return Compute(BUILTIN[recorded["name"]], durations)  # a manifest of before device files
+    return Compute(Device.from_json(dict(recorded), "the manifest's device"), durations)
+
+
 @dataclass(frozen=True)
 class NodeTimer:
     """Times the nodes of one trace set; `groups` maps a `pg_name` id to its ranks. With
     `link_among`, traffic among some ranks takes the link it returns for them (a network whose
     tiers differ), else `link`."""
 
-    device: Device
+    compute: Compute
     link: Link
     groups: Mapping[int, Sequence[int]]
     num_ranks: int
@@ -86,13 +131,20 @@ class NodeTimer:
         return self.groups.get(group)
 
     def micros(self, node: pb.Node) -> float:
-        """The node's time in microseconds under the roofline and the link model."""
-        attrs = {name: attribute_value(attr) for name, attr in attributes(node).items()
+        """The node's time in microseconds: compute as `compute` says, communication by the
+        link model."""
+        if node.type in _COMPUTE_TYPES and self.compute.device is None:
+            return float(node.duration_micros)
+        found = attributes(node)
+        attrs = {name: attribute_value(attr) for name, attr in found.items()
                  if attr.WhichOneof("value") in INTEGER_KINDS}
+        device, durations = self.compute.device, self.compute.durations
         if node.type == pb.COMP_NODE and "num_ops" in attrs and "tensor_size" in attrs:
-            return self.device.micros(attrs["num_ops"], attrs["tensor_size"])
+            gemm = found["gemm"].int64_list.values if "gemm" in found else None
+            return kernel_micros(device, durations, attrs["num_ops"], attrs["tensor_size"],
+                                 list(gemm) if gemm and len(gemm) == 5 else None)
         if node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE) and "tensor_size" in attrs:
-            return self.device.micros(0, attrs["tensor_size"])
+            return device.micros(0, attrs["tensor_size"])
         size = attrs.get("comm_size")
         if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and size is not None:
             peers = [attrs[k] for k in ("comm_src", "comm_dst") if k in attrs]
