@@ -151,3 +151,17 @@ def validation_view(validation: Validation, device: str) -> Table:
         table.add_row(row.kind, f"{row.executed:g}", f"{row.traced:g}", f"{row.measured_us:,.1f}",
                       f"{row.predicted_us:,.1f}")
     return table
+
+
+def calibration_view(fit) -> Table:
+    """The profile beside the kernel model, per kernel class, before and after the fit."""
+    table = _table(f"{fit.device.name}: measured beside modelled, per kernel class",
+                   ("class", "measured n", "traced n", "measured ms", "before ms", "after ms"))
+    for c in fit.classes:
+        table.add_row(c.kind, f"{c.measured_kernels:,}", f"{c.traced_kernels:,}", f"{c.measured_ms:,.1f}",
+                      f"{c.before_ms:,.1f}", f"{c.after_ms:,.1f}")
+    table.add_row("step", "", "", f"{fit.measured_step_ms:,.1f}", "", f"{fit.predicted_step_ms:,.1f}")
+    c = fit.device.calibration
+    table.caption = (f"fitted: kernel overhead {c.kernel_overhead_us:g} µs, GEMM efficiency "
+                     f"{c.gemm_efficiency:g}, memory efficiency {c.memory_efficiency:g}")
+    return table

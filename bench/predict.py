@@ -1,0 +1,113 @@
+"""Predicted beside measured: Flint's step time and memory against real hardware and published runs.
+
+    python bench/predict.py [--calibration ../shared/calibration] [--rows 1,2,3,4] [--skip-table1]
+
+1. The 1.7B GPT step on one H200 (`../shared/calibration`: the program, its profiled step and its
+   measured step time and peak memory): Flint's `gpu:h200` trace of the same program, per kernel
+   class (GEMMs, the rest) and in total, beside the profile; the peak memory per rank beside the
+   device's `peak_bytes_in_use`.
+2. Megatron-LM's Table 1 (Narayanan et al., 2021) rows without pipelining: the same GPT on
+   `gpu:a100` with the paper's data x tensor layout and batch, simulated on a Selene-like network
+   (8 A100s per node on NVSwitch, 300 GB/s per GPU and 0.7 us; HDR InfiniBand, 25 GB/s per GPU and
+   2 us), by ASTRA-sim where `ASTRA_SIM` names one, else Flint's estimate; TFLOP/s per GPU by the
+   paper's model FLOPs, 96 B s l h^2 (1 + s / 6h + V / 16 l h), beside the published figure.
+
+Every figure comes from this run; ratios are predicted / measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SEQ, VOCAB = 2048, 51200
+TABLE1 = [  # layers, hidden, heads, tensor-parallel size, GPUs, batch, published TFLOP/s per GPU
+    (24, 2304, 24, 1, 32, 512, 137),
+    (30, 3072, 32, 2, 64, 512, 138),
+    (36, 4096, 32, 4, 128, 512, 142),
+    (40, 6144, 48, 8, 256, 1024, 135),
+]
+SELENE = """# Selene-like: 8 A100s per node on NVSwitch, HDR InfiniBand between nodes
+topology: [ Switch, Switch ]
+npus_count: [ 8, {nodes} ]
+bandwidth: [ 300.0, 25.0 ]
+latency: [ 700.0, 2000.0 ]
+"""
+
+
+def paper_flops(batch: int, layers: int, hidden: int) -> float:
+    return 96 * batch * SEQ * layers * hidden**2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
+
+
+def h200_step(calibration: Path, work: Path) -> None:
+    import flint
+    from flint.analysis.calibrate import GEMM, OTHER, read_profile
+    from flint.schema import et_def_pb2 as pb
+    from flint.trace.reader import read_trace
+
+    started = time.perf_counter()
+    summary = flint.extract(calibration / "gpt_megatron.py", "data=1,tensor=1", work / "h200", backend="gpu:h200",
+                            model_args={"batch": 8}, force=True)
+    nodes = [n for n in read_trace(work / "h200" / "gpt_megatron.0.et").nodes if n.type == pb.COMP_NODE]
+    predicted = {GEMM: 0.0, OTHER: 0.0}
+    for node in nodes:
+        predicted[GEMM if any(a.name == "gemm" for a in node.attr) else OTHER] += node.duration_micros / 1e3
+    profile = read_profile(calibration / "h200_gpt1.7b_b8.perfetto.json.gz")
+    measured = {kind: sum(profile.durations(kind)) / 1e3 for kind in (GEMM, OTHER)}
+    runs = [json.loads(line) for line in (calibration / "h200_gpt1.7b_steps.jsonl").read_text().splitlines()]
+    step = next(r for r in runs if r["name"] == "g1.7b_b8" and "peak_bytes_in_use" in r.get("memory", {}))
+    print(f"1.7B GPT, batch 8, one H200 (extracted in {time.perf_counter() - started:.1f} s)")
+    print(f"{'':<28}{'predicted':>12}{'measured':>12}{'ratio':>8}")
+    rows = [("GEMM kernels, ms", predicted[GEMM], measured[GEMM]),
+            ("other kernels, ms", predicted[OTHER], measured[OTHER]),
+            ("step, ms", sum(predicted.values()), step["step_median_s"] * 1e3)]
+    peak = (summary.get("memory_per_rank") or {}).get("peak")
+    if peak:
+        rows.append(("peak memory, GB", peak / 1e9, step["memory"]["peak_bytes_in_use"] / 1e9))
+    for label, p, m in rows:
+        print(f"{label:<28}{p:>12,.1f}{m:>12,.1f}{p / m:>8.2f}")
+
+
+def table1(rows: list[int], model: Path, work: Path) -> None:
+    import flint
+
+    print("\nMegatron-LM Table 1 on gpu:a100, Selene-like network")
+    print(f"{'row':<5}{'model':<18}{'layout':<20}{'step s':>8}{'by':>11}{'TFLOP/s':>9}{'published':>10}{'ratio':>7}")
+    for row in rows:
+        layers, hidden, heads, tp, gpus, batch, published = TABLE1[row - 1]
+        mesh = f"data={gpus // tp},tensor={tp}"
+        out = work / f"row{row}"
+        flint.extract(model, mesh, out, backend="gpu:a100", force=True,
+                      model_args={"layers": layers, "hidden": hidden, "heads": heads, "batch": batch})
+        network = work / f"selene{gpus}.yml"
+        network.write_text(SELENE.format(nodes=gpus // 8))
+        result = flint.simulate(out, network=str(network), timeout=3000)
+        step_us = result["step_us"] or result["timeline_estimate_us"]
+        engine = "ASTRA-sim" if result["step_us"] else "estimate"
+        tflops = paper_flops(batch, layers, hidden) / (step_us / 1e6) / gpus / 1e12
+        print(f"{row:<5}{f'{layers}x{hidden}':<18}{mesh:<20}{step_us / 1e6:>8.2f}{engine:>11}{tflops:>9.0f}"
+              f"{published:>10}{tflops / published:>7.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", type=Path, default=ROOT.parent / "shared" / "calibration")
+    parser.add_argument("--rows", default="1,2,3,4", help="Table 1 rows to simulate (1-4).")
+    parser.add_argument("--skip-table1", action="store_true")
+    args = parser.parse_args()
+    if not (args.calibration / "gpt_megatron.py").exists():
+        sys.exit(f"no gpt_megatron.py in {args.calibration}: give --calibration DIR")
+    with tempfile.TemporaryDirectory(prefix="flint-predict-") as tmp:
+        work = Path(tmp)
+        h200_step(args.calibration, work)
+        if not args.skip_table1:
+            table1([int(r) for r in args.rows.split(",")], args.calibration / "gpt_megatron.py", work)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The kernel-time model, derived by hand from its formula on a device of round numbers
+(`tests/models/round_device.toml`: 100 TFLOP/s, 10,000 GB/s, 10 TFLOP/s vector, 4 units of 64 x 64
+tiles, GEMM efficiency 0.5, depth overhead 64, memory efficiency 0.25, 2 µs a kernel), and every
+command timing a trace as the trace says unless told otherwise."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, MODELS, flint
+from flint.devices import load_device
+from flint.devices.kernels import calibrated_micros, kernel_micros
+from flint.schema import et_def_pb2 as pb
+from flint.trace.reader import attr_value, read_trace
+
+ROUND = MODELS / "round_device.toml"
+
+
+@pytest.fixture(scope="module")
+def device():
+    return load_device(str(ROUND))
+
+
+def test_gemm_that_fills_one_wave(device):
+    # [128 x 1024] x [1024 x 128]: 2 x 2 tiles of 64 x 64 on 4 units, one full wave.
+    flops = 2 * 128 * 128 * 1024  # 33,554,432
+    nbytes = 2 * (128 * 1024 + 1024 * 128 + 128 * 128)  # 557,056
+    rate = 100e12 * 0.5 * 1.0 * (1024 / (1024 + 64))  # 47.06 TFLOP/s
+    compute = flops / rate * 1e6  # 0.713 µs
+    memory = nbytes / (10_000e9 * 0.5) * 1e6  # 0.111 µs, at the GEMM's efficiency
+    assert calibrated_micros(device, flops, nbytes, [1, 128, 128, 1024, 16]) == pytest.approx(2.0 + compute)
+    assert 2.0 + compute == pytest.approx(2.7130, abs=1e-4)
+    assert memory < compute
+
+
+def test_one_more_row_takes_a_second_wave(device):
+    # 129 rows: 3 x 2 = 6 tiles on 4 units, two waves of 4 slots of 64 x 64 = 32,768 elements.
+    flops = 2 * 129 * 128 * 1024
+    fill = 129 * 128 / (2 * 4 * 64 * 64)  # 0.5039
+    compute = flops / (100e12 * 0.5 * fill * 1024 / 1088) * 1e6
+    assert calibrated_micros(device, flops, 1, [1, 129, 128, 1024, 16]) == pytest.approx(2.0 + compute)
+    assert compute / (flops / (100e12 * 0.5 * 1024 / 1088) * 1e6) == pytest.approx(1 / fill)
+
+
+def test_operand_width_sets_the_matrix_peak(device):
+    flops = 2 * 128 * 128 * 1024
+    bf16 = calibrated_micros(device, flops, 1, [1, 128, 128, 1024, 16]) - 2.0
+    assert calibrated_micros(device, flops, 1, [1, 128, 128, 1024, 32]) - 2.0 == pytest.approx(2 * bf16)
+    assert calibrated_micros(device, flops, 1, [1, 128, 128, 1024, 8]) - 2.0 == pytest.approx(bf16 / 2)
+
+
+def test_other_kernels_at_vector_peak_and_achievable_bandwidth(device):
+    # 10^6 FLOPs at 10 TFLOP/s: 0.1 µs; 10^6 bytes at 0.25 x 10,000 GB/s: 0.4 µs.
+    assert calibrated_micros(device, 10**6, 10**6) == pytest.approx(2.0 + 0.4)
+    assert calibrated_micros(device, 10**7, 10**6) == pytest.approx(2.0 + 1.0)
+    assert kernel_micros(device, "roofline", 10**7, 10**6) == pytest.approx(max(10**7 / 100e12, 10**6 / 10_000e9) * 1e6)
+
+
+def test_h200_file_times_a_large_gemm_near_what_the_gpu_measured():
+    """8192 x 4096 x 4096 bf16 ran in 361.0 µs on the H200 (../shared/calibration's microbenchmarks)."""
+    h200 = load_device("h200")
+    tiles = math.ceil(8192 / 128) * math.ceil(4096 / 256)  # 1,024 tiles, 8 waves of 132
+    fill = 8192 * 4096 / (math.ceil(tiles / 132) * 132 * 128 * 256)
+    assert fill == pytest.approx(0.9697, abs=1e-4)
+    predicted = calibrated_micros(h200, 2 * 8192 * 4096 * 4096, 2 * (2 * 8192 * 4096 + 4096 * 4096),
+                                  [1, 8192, 4096, 4096, 16])
+    assert predicted / 361.0 == pytest.approx(1.0, abs=0.1)
+
+
+def _running_durations(micros: list[float]) -> list[int]:
+    """Whole microseconds by which the rounded running total grows (`flint.emit.durations`)."""
+    out, exact, emitted = [], 0.0, 0
+    for m in micros:
+        exact += m
+        out.append(round(exact) - emitted)
+        emitted += out[-1]
+    return out
+
+
+def _hand_micros(node) -> float:
+    """The calibrated model on the round device, written out from its formula."""
+    flops, nbytes = attr_value(node, "num_ops"), attr_value(node, "tensor_size")
+    gemm = next((list(a.int64_list.values) for a in node.attr if a.name == "gemm"), None)
+    if gemm is None:
+        return 2.0 + max(flops / 10e12, nbytes / (10_000e9 * 0.25)) * 1e6
+    batch, m, n, k, bits = gemm
+    tiles = math.ceil(m / 64) * math.ceil(n / 64) * batch
+    fill = m * n * batch / (math.ceil(tiles / 4) * 4 * 64 * 64)
+    peak = 100e12 * (2 if bits <= 8 else 0.5 if bits >= 32 else 1)
+    return 2.0 + max(flops / (peak * 0.5 * fill * k / (k + 64)), nbytes / (10_000e9 * 0.5)) * 1e6
+
+
+@pytest.fixture(scope="module")
+def mlp_round(tmp_path_factory):
+    out = tmp_path_factory.mktemp("round") / "mlp"
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2x4", "-o", out, "--device", ROUND)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def test_gpu_extraction_writes_the_calibrated_times(mlp_round):
+    manifest = json.loads((mlp_round / "manifest.json").read_text())
+    assert manifest["durations"] == "calibrated" and manifest["device"]["calibration"]["kernel_overhead_us"] == 2.0
+    nodes = [n for n in read_trace(mlp_round / "mlp.0.et").nodes if n.type == pb.COMP_NODE]
+    gemms = [n for n in nodes if attr_value(n, "kernel") == "gemm"]
+    assert gemms and all(any(a.name == "gemm" for a in n.attr) for n in gemms)
+    hand = [_hand_micros(n) for n in nodes]
+    assert [n.duration_micros for n in nodes] == _running_durations(hand)
+
+
+def test_timeline_reproduces_the_traces_compute(mlp_round, tmp_path):
+    run = flint("timeline", mlp_round, "-o", tmp_path / "t.json", "--json")
+    assert run.returncode == 0, run.stderr
+    ranks = json.loads(run.stdout)["ranks"]
+    for rank in ranks:
+        trace = read_trace(mlp_round / f"mlp.{rank['rank']}.et")
+        assert rank["compute_us"] == pytest.approx(sum(n.duration_micros for n in trace.nodes if n.type == pb.COMP_NODE))
+
+
+def test_readers_time_again_only_when_asked(mlp_round, tmp_path):
+    trace = read_trace(mlp_round / "mlp.0.et")
+    h200 = load_device("h200")
+    again = sum(
+        kernel_micros(h200, "roofline", attr_value(n, "num_ops"), attr_value(n, "tensor_size"))
+        for n in trace.nodes if n.type == pb.COMP_NODE
+    )
+    run = flint("timeline", mlp_round, "-o", tmp_path / "t.json", "--json", "--device", "h200", "--durations", "roofline")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["ranks"][0]["compute_us"] == pytest.approx(again)
+    refused = flint("inspect", mlp_round, "--device", "h200", "--durations", "trace")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --device times compute again: use it with --durations calibrated or roofline"]
+    replay = flint("simulate", mlp_round, "--device", "h200", "--astra-sim", "/nonexistent")
+    assert replay.returncode == 2 and "--roofline" in replay.stderr and len(replay.stderr.strip().splitlines()) == 1
+
+
+def test_xla_durations_without_estimates_are_refused(tmp_path):
+    run = flint("extract", MODELS / "stacked.py", "--mesh", "1", "-o", tmp_path / "x", "--durations", "xla")
+    assert run.returncode == 2
+    assert "--durations xla: XLA's scheduler gave no estimate" in run.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_slices_and_in_place_updates_cost_what_they_touch(tmp_path):
+    """A layer of [8, 256, 256] bf16 weights read by index, a [16, 256] row of an [8, 16, 256] cache
+    written by index: the slice reads 256 x 256 x 2 bytes and writes as many, the update reads and
+    writes 16 x 256 x 2; each also reads its three int32 start indices."""
+    run = flint("extract", MODELS / "stacked.py", "--mesh", "1", "--backend", "cpu", "-o", tmp_path / "s", "--json")
+    assert run.returncode == 0, run.stderr
+    graph = json.loads((tmp_path / "s" / "stacked.graph.json").read_text())
+    by_op = {n["op"]: n for n in graph["nodes"]}
+    assert by_op["dynamic_slice"]["bytes"] == 2 * 256 * 256 * 2 + 3 * 4
+    assert by_op["dynamic_update_slice"]["bytes"] == 2 * 16 * 256 * 2 + 3 * 4
+    assert by_op["dot"]["gemm"] == [1, 16, 256, 256, 16]
+
+
+def _profile(path: Path, gemm_us: list[float], other_us: list[float]) -> None:
+    """A trace-event JSON like JAX's profiler's: a GPU process, its kernels back to back."""
+    events = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "pid": 9, "name": "process_name", "args": {"name": "/host:CPU"}}]
+    start = 0.0
+    for name, dur in [("nvjet_hsh_128x256", d) for d in gemm_us] + [("loop_add_fusion", d) for d in other_us]:
+        events.append({"ph": "X", "pid": 7, "tid": 1, "ts": start, "dur": dur, "name": name})
+        start += dur
+    events.append({"ph": "X", "pid": 9, "tid": 1, "ts": 0.0, "dur": 1e6, "name": "host work"})
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+
+
+def test_calibrate_fits_each_class_to_the_profile(mlp_round, tmp_path):
+    trace = read_trace(mlp_round / "mlp.0.et")
+    nodes = [n for n in trace.nodes if n.type == pb.COMP_NODE]
+    gemms = [n for n in nodes if any(a.name == "gemm" for a in n.attr)]
+    others = [n for n in nodes if n not in gemms]
+    # The profile: each GEMM 40 µs, each other kernel 12 µs, the shortest tenth 1.5 µs, no gaps.
+    other_us = [1.5] * len(others)
+    other_us[-1] = 12.0
+    _profile(tmp_path / "p.json.gz", [40.0] * len(gemms), other_us)
+    run = flint("calibrate", tmp_path / "p.json.gz", mlp_round, "-o", tmp_path / "fit.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    c = fit["device"]["calibration"]
+    assert c["kernel_overhead_us"] == pytest.approx(1.5)
+    # The other kernels are bound by bytes here (vector peak 10 TFLOP/s): sum(1.5 + bytes / (bw e))
+    # equals their measured sum, so e = sum(bytes) / (bw x (measured - n x 1.5)).
+    other_bytes = sum(attr_value(n, "tensor_size") for n in others)
+    measured = sum(other_us)
+    expected = other_bytes / (10_000e3 * (measured - len(others) * 1.5))
+    assert c["memory_efficiency"] == pytest.approx(expected, rel=1e-3)
+    by_class = {k["kind"]: k for k in fit["classes"]}
+    assert by_class["gemm"]["measured_ms"] == pytest.approx(40.0 * len(gemms) / 1e3)
+    assert by_class["gemm"]["after_ms"] == pytest.approx(by_class["gemm"]["measured_ms"], rel=1e-3)
+    written = load_device(str(tmp_path / "fit.toml"))
+    assert written.name == "round-calibrated" and written.calibration.gemm_tile == (64, 64)
+    assert written.calibration.memory_efficiency == pytest.approx(expected, rel=1e-3)
