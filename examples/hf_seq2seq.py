@@ -8,8 +8,10 @@ tied too). Both in one size: d_model 64, 4 heads of 16, a feed-forward of 128, 2
 decoder layers, a vocabulary of 256; a batch of 8 source sequences of 16 tokens and target
 sequences (`labels`) of 8. The model shifts the labels right into the decoder's inputs and
 computes its own loss; the optimizer is AdamW. Neither config declares a tensor-parallel plan
-(`base_model_tp_plan`), so the layout is data parallel: without `--strategy`, the batch splits
-over the mesh's data axes; `--strategy dp` splits it over every rank.
+(`base_model_tp_plan`), so the layout is data parallel: `--strategy dp` splits the batch over
+every rank. Without it the batch splits over the data axes only, and on 2x4 the 4 ranks of a
+tensor group repeat the same step, but for the dropout masks: the partitioner draws them in parts
+across the group and assembles them with all-reduces over it.
 
     flint extract examples/hf_seq2seq.py --mesh 2x4 --strategy dp -o traces/hf_t5
     flint extract examples/hf_seq2seq.py --mesh 2x4 --strategy dp --model-arg family=bart -o traces/hf_bart

@@ -27,8 +27,11 @@ in int64, forward and backward, and their gradient's reduce-scatter of [B·Sd]).
   layer, so its gradient, summed over the batch, is all-reduced once per layer (encoder [H, Se, Se],
   decoder self-attention [H, Sd, Sd]) before it is scattered into the bucket table, whose own
   gradient then needs nothing;
-- BART: one all-reduce per position table: the encoder's whole table [Se + 2, D] (2 rows of
-  offset), the decoder's as the Sd rows its positions read.
+- BART: one all-reduce per learned position table. The encoder looks positions up per sequence
+  (ids expanded to [b, Se]), so its lookup's backward scatters every token's gradient into the
+  table and the partial table is reduced whole, [Se + 2, D] (BART offsets positions by 2 rows);
+  the decoder looks them up once ([1, Sd]) and broadcasts them over the batch, so their gradient
+  is summed over the batch first and reduced as the [Sd, D] rows read.
 
 Since neither family declares a plan, the default layout on 2x4 (no `--strategy`) splits the batch
 over the data axis only; it is extracted once with the default GPU backend, as the report that
@@ -112,7 +115,7 @@ def gradients(family: str) -> list[int]:
         return [n * F32 for n in matrices + shared + norms + bias]
     norms = [D, D] * (2 * L + 1 + 3 * L + 1)  # LayerNorms (weight, bias): per sublayer, embeddings
     biases = [D] * (5 * L + 9 * L) + [F] * (2 * L)  # q, k, v, o, fc2 (and cross q, k, v, o); fc1
-    positions = [(SE + 2) * D, SD * D]  # encoder table whole; the decoder's rows read
+    positions = [(SE + 2) * D, SD * D]  # the encoder's table whole; the decoder's rows read
     return [n * F32 for n in matrices + shared + norms + biases + positions]
 
 
