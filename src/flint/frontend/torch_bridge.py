@@ -4,7 +4,7 @@ The route, maintained code but for the few decompositions of `flint.frontend.tor
 
 1. `make_fx` traces the function over fake tensors (shapes and dtypes, no storage), running torch's
    own autograd and the decompositions, so a training step's backward is a plain graph of core
-   ATen ops; slices' backwards get a bounded end (`_clamp_slice_ends`);
+   ATen ops; slices and their backwards get a bounded end (`_clamp_slice_ends`);
 2. `torch.export` re-exports that graph and torch-mlir's FX importer lowers it to StableHLO, with
    every tensor argument a function argument (parameters included: they must stay shardable);
    torch-mlir's diagnostics are collected, not printed, and a failure becomes `LoweringError`;
