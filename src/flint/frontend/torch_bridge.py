@@ -4,7 +4,7 @@ The route, maintained code but for the few decompositions of `flint.frontend.tor
 
 1. `make_fx` traces the function over fake tensors (shapes and dtypes, no storage), running torch's
    own autograd and the decompositions, so a training step's backward is a plain graph of core
-   ATen ops; slices' backwards get a bounded end (`_clamp_slice_ends`);
+   ATen ops; slices and their backwards get a bounded end (`_clamp_slice_ends`);
 2. `torch.export` re-exports that graph and torch-mlir's FX importer lowers it to StableHLO, with
    every tensor argument a function argument (parameters included: they must stay shardable);
    torch-mlir's diagnostics are collected, not printed, and a failure becomes `LoweringError`;
@@ -151,20 +151,29 @@ def _source(graph, op: str) -> str | None:
 
 
 def _clamp_slice_ends(graph) -> None:
-    """Bound the end of every `slice_scatter` by its dimension's size.
+    """Bound the end of every `slice` and `slice_scatter` by its dimension's size.
 
-    `x[..., n:]` records its end as 2**63 - 1, and the backward of that slice scatters into zeros
-    over the same range; torch-mlir's StableHLO lowering of a `slice_scatter` materializes its range,
-    so such an end allocates until memory runs out (rotary embeddings' `rotate_half` does this).
+    `x[..., n:]` records its end as 2**63 - 1. torch-mlir's StableHLO lowering of a
+    `slice_scatter` materializes its range, so a scatter with such an end allocates until memory
+    runs out (`std::bad_alloc`). Two kinds of scatter carry it: the backward of such a slice
+    scatters into zeros over the same range (rotary embeddings' `rotate_half` does this), and a write
+    into a slice, `y[:, 1:] = x[:, :-1]`, traces as a `slice` view and a `copy_` into it, which
+    `torch.export`'s functionalization (run when torch-mlir imports the program) turns into a
+    `slice_scatter` with the view's end; encoder-decoder models shift their labels right into
+    the decoder's inputs so (`T5ForConditionalGeneration._shift_right`, BART's
+    `shift_tokens_right`). Bounding the view's end bounds the scatter made from it.
     """
     import torch
 
-    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.slice_scatter.default):
-        if len(node.args) < 5 or node.args[4] is None:  # (input, src, dim, start, end, step)
-            continue
-        size = node.args[0].meta["val"].shape[node.args[2]]
-        if node.args[4] > size:
-            node.update_arg(4, size)
+    aten = torch.ops.aten
+    # slice(input, dim, start, end, step) and slice_scatter(input, src, dim, start, end, step)
+    for target, dim_at, end_at in ((aten.slice.Tensor, 1, 3), (aten.slice_scatter.default, 2, 4)):
+        for node in graph.graph.find_nodes(op="call_function", target=target):
+            if len(node.args) <= end_at or node.args[end_at] is None:
+                continue
+            size = node.args[0].meta["val"].shape[node.args[dim_at]]
+            if node.args[end_at] > size:
+                node.update_arg(end_at, size)
     graph.recompile()
 
 
