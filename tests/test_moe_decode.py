@@ -181,15 +181,15 @@ def test_decode_every_rank_matches_hand_derivation(traces, mesh):
 
 
 def test_decode_writes_the_cache_with_dynamic_update_slice(traces):
-    """Each layer writes k and v once in prefill (S positions) and once in decode (1 position)."""
+    """Each layer writes k and v once in prefill (S positions) and once in decode (1 position), in
+    place: each write reads and writes its update, never the cache."""
     directory, _ = traces("decode", "2x4")
     m = decode
     b, h = m.BATCH // 2, m.HEADS // 4
-    cache = b * m.MAX_LEN * h * m.HEAD_DIM * BF16
     indices = 4 * I32  # one scalar start index per cache dimension
 
-    def size(positions):  # cache in + update + indices + cache out
-        return cache + b * positions * h * m.HEAD_DIM * BF16 + indices + cache
+    def size(positions):  # the update read, the indices, the update written into the cache
+        return 2 * b * positions * h * m.HEAD_DIM * BF16 + indices
 
     for rank in range(8):
         trace = read_trace(directory / f"decode.{rank}.et")
