@@ -21,7 +21,14 @@ by hand from the op's shapes:
   results, since the intermediate values never leave the kernel;
 - a cuBLAS call of the GPU compiler (`flint.ir.parse.LIBRARY_GEMMS`): the dot it runs, costed as
   `dot_general`, and the bytes of its operands and product (not of its scratch workspace). A fused
-  epilogue (bias, activation) adds nothing, as in XLA's own cost analysis of these calls.
+  epilogue (bias, activation) adds nothing, as in XLA's own cost analysis of these calls;
+- a cuDNN convolution of the GPU compiler (`flint.ir.parse.LIBRARY_CONVOLUTIONS`): the convolution its
+  window and dimension numbers describe, costed as `convolution` from the forward convolution's
+  input, kernel and output shapes, whichever of them the call reads and writes: a backward-input or
+  backward-filter call is the gradient convolution of that forward one, and its real (output
+  position, kernel tap) pairs are the forward convolution's, so its FLOPs are too. Bytes: its
+  operands and the array it writes (not its scratch workspace); a fused bias or activation adds
+  nothing, as for cuBLAS.
 """
 
 from __future__ import annotations
@@ -79,8 +86,13 @@ def _taps(outputs: int, kernel: int, inputs: int, stride: int, pad_low: int, lhs
     return int(real.sum())
 
 
-def _convolution_flops(op: Op, out: int) -> int:
-    lhs, kernel, result = op.operand_types[0].shape, op.operand_types[1].shape, op.result_types[0].shape
+def _convolution_flops(op: Op) -> int:
+    """A `convolution`'s FLOPs, or those of the forward convolution a cuDNN call's
+    (input, kernel, output) describe (`flint.ir.parse.LIBRARY_CONVOLUTIONS`)."""
+    lhs, kernel, result = op.attrs.get(
+        "convolution", (op.operand_types[0], op.operand_types[1], op.result_types[0])
+    )
+    lhs, kernel, out, result = lhs.shape, kernel.shape, result.elements, result.shape
     a = op.attrs
     outputs = [result[d] for d in a["output_spatial"]]
     taps = math.prod(
@@ -92,7 +104,8 @@ def _convolution_flops(op: Op, out: int) -> int:
 
 
 def _bytes(op: Op) -> int:
-    """Operands and results; a library gemm's tuple result counts as its product."""
+    """Operands and results; a library call's tuple result counts as its product (a gemm's, or the
+    array a convolution writes), not as the scratch workspace beside it."""
     results = (op.attrs["product"],) if "product" in op.attrs else op.result_types
     return sum(t.nbytes for t in op.operand_types) + sum(t.nbytes for t in results)
 
@@ -103,14 +116,14 @@ def _flops(op: Op) -> int | None:
     body = op.attrs.get("body_ops", 1)
     if op.opcode in ELEMENTWISE:
         return out
+    if op.opcode == "convolution" or "convolution" in op.attrs:
+        return _convolution_flops(op)
     if op.opcode == "dot_general" or "product" in op.attrs:
         lhs = op.operand_types[0].shape
         out = op.attrs["product"].elements if "product" in op.attrs else out
         return 2 * out * math.prod(lhs[d] for d in op.attrs["lhs_contracting"])
     if op.opcode == "dot":
         return 2 * out * op.operand_types[0].shape[-1]
-    if op.opcode == "convolution":
-        return _convolution_flops(op, out)
     if op.opcode == "reduce":
         return (op.operand_types[0].elements - out) * body
     if op.opcode == "reduce_window":
@@ -133,7 +146,10 @@ KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
 def kernel_of(op: Op) -> str | None:
     """What kind of kernel an op of the optimised module is: a fusion is `gemm` or `conv` where it
     runs a matmul or a convolution (with what the compiler fused around it), else `fusion`
-    (element-wise work, reductions); a cuBLAS call is `gemm`; anything else is not a kernel."""
+    (element-wise work, reductions); a cuBLAS call is `gemm`, a cuDNN convolution `conv`; anything
+    else is not a kernel."""
+    if "convolution" in op.attrs:
+        return "conv"
     if "product" in op.attrs:
         return "gemm"
     if op.opcode != FUSION:
