@@ -26,9 +26,10 @@ by hand from the op's shapes:
   window and dimension numbers describe, costed as `convolution` from the forward convolution's
   input, kernel and output shapes, whichever of them the call reads and writes: a backward-input or
   backward-filter call is the gradient convolution of that forward one, and its real (output
-  position, kernel tap) pairs are the forward convolution's, so its FLOPs are too. Bytes: its
-  operands and the array it writes (not its scratch workspace); a fused bias or activation adds
-  nothing, as for cuBLAS.
+  position, kernel tap) pairs are the forward convolution's, so its FLOPs are too (zeros the
+  compiler wrote into an operand before the call, padding or a dilation made explicit, are real
+  elements to the call and count). Bytes: its operands and the array it writes (not its scratch
+  workspace); a fused bias or activation adds nothing, as for cuBLAS.
 """
 
 from __future__ import annotations
