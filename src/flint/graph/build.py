@@ -337,7 +337,8 @@ class _Builder:
                 self.collective(op, cost, scatters.get(op.results[0]) if op.results else None)
             else:
                 if not cost.known:  # a custom call by its target: what it runs
-                    self.unknown.add(f"custom_call {op.attrs['target']}" if op.attrs.get("target") else op.opcode)
+                    target = op.attrs.get("target")
+                    self.unknown.add(f"custom_call {target}" if target else op.opcode)
                 attributes = dict(
                     kind=cost.kind,
                     flops=cost.flops,

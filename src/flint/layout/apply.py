@@ -128,9 +128,10 @@ def _unused_axes(
     warnings = []
     for axis in idle:
         options = [s for s in strategies_using(axis, mesh) if s != strategy]
-        offer = f": --strategy {', '.join(options[:-1])} or {options[-1]} would use it" if len(options) > 1 else (
-            f": --strategy {options[0]} would use it" if options else ""
-        )
+        offer = ""
+        if options:
+            listed = f"{', '.join(options[:-1])} or {options[-1]}" if len(options) > 1 else options[0]
+            offer = f": --strategy {listed} would use it"
         warnings.append(
             f"mesh axis {axis!r} splits no input and no constraint of the step, so its "
             f"{mesh.shape[axis]} ranks repeat each other's work{offer}"
