@@ -21,6 +21,7 @@ import numpy as np
 
 from flint.compile.gpu_module import (
     latency_estimates,
+    record_convolutions,
     record_instruction_ids,
     record_trip_counts,
     split_combined_collectives,
@@ -135,12 +136,14 @@ def _temp_full(directory: Path | str) -> FlintError:
 def for_conversion(module_proto: bytes) -> bytes:
     """The optimised module as the conversion to StableHLO must see it, parsed and written once:
     in schedule order, with the groups of its several-operand all-to-alls written out, its loops'
-    known trip counts recorded and its combined collectives split (`flint.compile.gpu_module`)."""
+    known trip counts and its library convolutions recorded and its combined collectives split
+    (`flint.compile.gpu_module`)."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     module = HloModule.FromString(module_proto)
     record_trip_counts(module)
     record_instruction_ids(module)
+    record_convolutions(module)
     split_combined_collectives(module)
     _in_schedule_order(module)
     _write_out_tuple_all_to_all_groups(module)

@@ -1,6 +1,6 @@
 """What the GPU compiler's optimised module needs before jaxlib converts it to StableHLO.
 
-Three things of that module do not survive the conversion as they are:
+Four things of that module do not survive the conversion as they are:
 
 - a loop's trip count, which XLA has worked out and written into the `while`'s backend config
   (`known_trip_count`), while its condition reads the counter through fusions the trip-count rules
@@ -8,6 +8,9 @@ Three things of that module do not survive the conversion as they are:
   conversion keeps, as `TRIP_COUNT`;
 - which scheduled instruction an op comes from, which XLA's own time estimates are keyed by
   (`--durations xla`): its id, as `INSTRUCTION`;
+- the convolution a cuDNN custom call runs (`__cudnn$convForward`, ...): the conversion keeps its
+  operands and backend config but drops its window, dimension numbers and group counts. They are
+  written, as JSON, into `CONVOLUTION`;
 - a combined asynchronous collective (one `all-gather-start`, or one `async-start` of a
   reduce-scatter or all-reduce, of several operands: how XLA's combiners batch FSDP's parameter
   gathers and gradient reduce-scatters), which the conversion refuses ("Async tuple all-gather is
@@ -28,6 +31,11 @@ TRIP_COUNT = "flint_trip_count"
 COMBINED = "flint_combined"
 INSTRUCTION = "flint_instruction"
 """The id of the scheduled instruction an op comes from, which XLA's time estimates are keyed by."""
+CONVOLUTION = "flint_convolution"
+"""A custom call's convolution: `window` (per spatial dimension: size, stride, low and high padding,
+kernel (window) dilation, input (base) dilation), `input`, `kernel` and `output` (the dimension
+numbers: input batch, feature, spatial...; kernel input feature, output feature, spatial...; output
+batch, feature, spatial...), `feature_group_count` and `batch_group_count`."""
 _BOOKKEEPING = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
 _TUPLE = 13
 """`PrimitiveType.TUPLE` of XLA's shapes."""
@@ -42,6 +50,30 @@ def record_trip_counts(module) -> None:
             known = json.loads(instruction.backend_config).get("known_trip_count")
             if known is not None:
                 instruction.frontend_attributes.map[TRIP_COUNT] = str(known["n"])
+
+
+def record_convolutions(module) -> None:
+    """Copy the convolution of each custom call that has one (cuDNN's) into its frontend
+    attributes, as `CONVOLUTION`."""
+    for computation in module.computations:
+        for instruction in computation.instructions:
+            if instruction.opcode != "custom-call" or not instruction.HasField("convolution_dimension_numbers"):
+                continue
+            dims = instruction.convolution_dimension_numbers
+            instruction.frontend_attributes.map[CONVOLUTION] = json.dumps({
+                "window": [
+                    [d.size, d.stride, d.padding_low, d.padding_high, d.window_dilation or 1, d.base_dilation or 1]
+                    for d in instruction.window.dimensions
+                ],
+                "input": [dims.input_batch_dimension, dims.input_feature_dimension,
+                          *dims.input_spatial_dimensions],
+                "kernel": [dims.kernel_input_feature_dimension, dims.kernel_output_feature_dimension,
+                           *dims.kernel_spatial_dimensions],
+                "output": [dims.output_batch_dimension, dims.output_feature_dimension,
+                           *dims.output_spatial_dimensions],
+                "feature_group_count": instruction.feature_group_count or 1,
+                "batch_group_count": instruction.batch_group_count or 1,
+            })
 
 
 def record_instruction_ids(module) -> None:

@@ -336,8 +336,9 @@ class _Builder:
             elif cost.kind == COLLECTIVE:
                 self.collective(op, cost, scatters.get(op.results[0]) if op.results else None)
             else:
-                if not cost.known:
-                    self.unknown.add(op.opcode)
+                if not cost.known:  # a custom call by its target: what it runs
+                    target = op.attrs.get("target")
+                    self.unknown.add(f"custom_call {target}" if target else op.opcode)
                 attributes = dict(
                     kind=cost.kind,
                     flops=cost.flops,

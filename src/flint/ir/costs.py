@@ -27,7 +27,15 @@ by hand from the op's shapes:
   `dynamic_update_slice` of an operand counts its update, that operand nothing;
 - a cuBLAS call of the GPU compiler (`flint.ir.parse.LIBRARY_GEMMS`): the dot it runs, costed as
   `dot_general`, and the bytes of its operands and product (not of its scratch workspace). A fused
-  epilogue (bias, activation) adds nothing, as in XLA's own cost analysis of these calls.
+  epilogue (bias, activation) adds nothing, as in XLA's own cost analysis of these calls;
+- a cuDNN convolution of the GPU compiler (`flint.ir.parse.LIBRARY_CONVOLUTIONS`): the convolution its
+  window and dimension numbers describe, costed as `convolution` from the forward convolution's
+  input, kernel and output shapes, whichever of them the call reads and writes: a backward-input or
+  backward-filter call is the gradient convolution of that forward one, and its real (output
+  position, kernel tap) pairs are the forward convolution's, so its FLOPs are too (zeros the
+  compiler wrote into an operand before the call, padding or a dilation made explicit, are real
+  elements to the call and count). Bytes: its operands and the array it writes (not its scratch
+  workspace); a fused bias or activation adds nothing, as for cuBLAS.
 """
 
 from __future__ import annotations
@@ -107,8 +115,13 @@ def _taps(outputs: int, kernel: int, inputs: int, stride: int, pad_low: int, lhs
     return int(real.sum())
 
 
-def _convolution_flops(op: Op, out: int) -> int:
-    lhs, kernel, result = op.operand_types[0].shape, op.operand_types[1].shape, op.result_types[0].shape
+def _convolution_flops(op: Op) -> int:
+    """A `convolution`'s FLOPs, or those of the forward convolution a cuDNN call's
+    (input, kernel, output) describe (`flint.ir.parse.LIBRARY_CONVOLUTIONS`)."""
+    lhs, kernel, result = op.attrs.get(
+        "convolution", (op.operand_types[0], op.operand_types[1], op.result_types[0])
+    )
+    lhs, kernel, out, result = lhs.shape, kernel.shape, result.elements, result.shape
     a = op.attrs
     outputs = [result[d] for d in a["output_spatial"]]
     taps = math.prod(
@@ -120,8 +133,9 @@ def _convolution_flops(op: Op, out: int) -> int:
 
 
 def _bytes(op: Op) -> int:
-    """Operands and results; a library gemm's tuple result counts as its product; a slice reads
-    what it returns; an in-place update reads and writes its update."""
+    """Operands and results; a library call's tuple result counts as its product (a gemm's, or the
+    array a convolution writes), not as the scratch workspace beside it; a slice reads what it
+    returns; an in-place update reads and writes its update."""
     results = [op.attrs["product"]] if "product" in op.attrs else list(op.result_types)
     operands = list(op.operand_types)
     if op.opcode in SLICES:
@@ -179,14 +193,14 @@ def _flops(op: Op) -> int | None:
     body = op.attrs.get("body_ops", 1)
     if op.opcode in ELEMENTWISE:
         return out
+    if op.opcode == "convolution" or "convolution" in op.attrs:
+        return _convolution_flops(op)
     if op.opcode == "dot_general" or "product" in op.attrs:
         lhs = op.operand_types[0].shape
         out = op.attrs["product"].elements if "product" in op.attrs else out
         return 2 * out * math.prod(lhs[d] for d in op.attrs["lhs_contracting"])
     if op.opcode == "dot":
         return 2 * out * op.operand_types[0].shape[-1]
-    if op.opcode == "convolution":
-        return _convolution_flops(op, out)
     if op.opcode == "reduce":
         return (op.operand_types[0].elements - out) * body
     if op.opcode == "reduce_window":
@@ -202,8 +216,17 @@ def _flops(op: Op) -> int | None:
     return None
 
 
-def _gemm(op: Op) -> Gemm | None:
-    """The matmul of a `dot_general`, `dot` or cuBLAS call: batch, rows, columns and depth."""
+def _gemm(op: Op, flops: int) -> Gemm | None:
+    """The matmul of a `dot_general`, `dot` or cuBLAS call: batch, rows, columns and depth; of a
+    convolution (or cuDNN call), the implicit GEMM it runs as: a row per output position of each
+    image, a column per output feature, its `flops` over both as the depth."""
+    if op.opcode == "convolution" or "convolution" in op.attrs:
+        lhs, kernel, result = op.attrs.get(
+            "convolution", (op.operand_types[0], op.operand_types[1], op.result_types[0]))
+        window = math.prod(kernel.shape[d] for d in op.attrs["kernel_spatial"])
+        n = kernel.elements // max(kernel.shape[op.attrs["kernel_input_feature"]] * window, 1)
+        m = result.elements // max(n, 1)
+        return Gemm(1, m, n, flops // max(2 * m * n, 1), lhs.bits)
     if op.opcode not in ("dot_general", "dot") and "product" not in op.attrs:
         return None
     lhs = op.operand_types[0]
@@ -225,7 +248,10 @@ KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
 def kernel_of(op: Op) -> str | None:
     """What kind of kernel an op of the optimised module is: a fusion is `gemm` or `conv` where it
     runs a matmul or a convolution (with what the compiler fused around it), else `fusion`
-    (element-wise work, reductions); a cuBLAS call is `gemm`; anything else is not a kernel."""
+    (element-wise work, reductions); a cuBLAS call is `gemm`, a cuDNN convolution `conv`; anything
+    else is not a kernel."""
+    if "convolution" in op.attrs:
+        return "conv"
     if "product" in op.attrs:
         return "gemm"
     if op.opcode != FUSION:
@@ -257,4 +283,4 @@ def cost_of(op: Op) -> Cost:
     transcendentals = op.result_types[0].elements if op.opcode in TRANSCENDENTAL else 0
     if flops is None:
         return Cost(COMPUTE, bytes=_bytes(op), known=False)
-    return Cost(COMPUTE, flops=flops, transcendentals=transcendentals, bytes=_bytes(op), gemm=_gemm(op))
+    return Cost(COMPUTE, flops=flops, transcendentals=transcendentals, bytes=_bytes(op), gemm=_gemm(op, flops))

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from flint.compile.capture import PartitionedModule
-from flint.compile.gpu_module import COMBINED, INSTRUCTION, TRIP_COUNT
+from flint.compile.gpu_module import COMBINED, CONVOLUTION, INSTRUCTION, TRIP_COUNT
 from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
 
@@ -43,6 +43,19 @@ LIBRARY_GEMMS = frozenset({"__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$m
 (`--xla_gpu_enable_triton_gemm=false`, or a dot its Triton emitter does not take). Their backend
 config holds the dot's dimension numbers; their result is a tuple of the product and a scratch
 workspace."""
+LIBRARY_CONVOLUTIONS = MappingProxyType({
+    "__cudnn$convForward": "forward",
+    "__cudnn$convBiasActivationForward": "forward",
+    "__cudnn$convForwardGraph": "forward",
+    "__cudnn$convBackwardInput": "backward_input",
+    "__cudnn$convBackwardFilter": "backward_filter",
+})
+"""Custom calls in which the GPU compiler runs a convolution in cuDNN, by kind. Their window and
+dimension numbers (`flint.compile.gpu_module.CONVOLUTION`) are those of the forward convolution,
+input * kernel -> output, whichever of the three a call computes: a forward call reads the input
+and the kernel and writes the output; a backward-input call (the input gradient) reads the output
+and the kernel and writes the input; a backward-filter call (the kernel gradient) reads the input
+and the output and writes the kernel. Their result is a tuple of that and a scratch workspace."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +242,10 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["window"] = _ints(attributes["window_dimensions"])
     elif opcode == "custom_call" and _call_target(op) in LIBRARY_GEMMS:
         out.update(_library_gemm(op))
+    elif opcode == "custom_call" and _call_target(op) in LIBRARY_CONVOLUTIONS:
+        out.update(_library_convolution(op))
+    if opcode == "custom_call":
+        out["target"] = _call_target(op)
     if "mhlo.frontend_attributes" in attributes:
         out.update(_marks(ir.DictAttr(attributes["mhlo.frontend_attributes"])))
     if opcode in CUSTOM_CALL_COLLECTIVES:  # its replica groups, below, are in the config too
@@ -258,6 +275,44 @@ def _library_gemm(op) -> dict[str, Any]:
         "lhs_contracting": tuple(int(d) for d in dims.get("lhs_contracting_dimensions", ())),
         "lhs_batching": tuple(int(d) for d in dims.get("lhs_batch_dimensions", ())),
         "product": _tensor_type(ir.TupleType(op.results[0].type).get_type(0)),
+    }
+
+
+def _library_convolution(op) -> dict[str, Any]:
+    """A cuDNN call's convolution as `convolution`'s attributes, the forward convolution's
+    (input, kernel, output) types as `convolution`, and the one it writes (the tuple's first
+    element; the workspace beside it is scratch) as `product`. Without the recorded window (a
+    module that did not pass through `flint.compile.gpu_module`), nothing: no cost rule applies."""
+    from jaxlib.mlir import ir
+
+    if "mhlo.frontend_attributes" not in op.attributes:
+        return {}
+    frontend = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
+    if CONVOLUTION not in frontend:
+        return {}
+    conv = json.loads(ir.StringAttr(frontend[CONVOLUTION]).value)
+    result = op.results[0].type  # a tuple: the array written, then the workspace
+    written = _tensor_type(result.get_type(0) if isinstance(result, ir.TupleType) else result)
+    first, second = (_tensor_type(v.type) for v in list(op.operands)[:2])
+    kind = LIBRARY_CONVOLUTIONS[_call_target(op)]
+    shapes = {
+        "forward": (first, second, written),
+        "backward_input": (written, second, first),
+        "backward_filter": (first, written, second),
+    }[kind]
+    window = conv["window"]
+    return {
+        "kernel_spatial": tuple(conv["kernel"][2:]),
+        "kernel_input_feature": conv["kernel"][0],
+        "feature_group_count": conv["feature_group_count"],
+        "input_spatial": tuple(conv["input"][2:]),
+        "output_spatial": tuple(conv["output"][2:]),
+        "strides": tuple(d[1] for d in window),
+        "padding_low": tuple(d[2] for d in window),
+        "rhs_dilation": tuple(d[4] for d in window),
+        "lhs_dilation": tuple(d[5] for d in window),
+        "convolution": shapes,
+        "product": written,
     }
 
 

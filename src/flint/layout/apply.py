@@ -13,7 +13,8 @@ editing the model. Four sources, each overriding the one before (per input, per 
 Logical names come from Flint's own `logical` inputs and `constrain` calls and from Flax's (boxed
 linen parameters, nnx sharding metadata, `nn.with_logical_constraint`; `flint.layout.flax_names`).
 What would silently do nothing is a warning: a `--shard` that matches no input, a `--rule` whose name
-no input or constraint uses, a Flax name the model's inputs carry that no rule maps.
+no input or constraint uses, a Flax name the model's inputs carry that no rule maps, a mesh axis
+that splits no input and no constraint of the step (its ranks would all run the same work).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import replace
 from flint.errors import FlintError
 from flint.frontend import Workload
 import flint.layout.flax_names as flax_names
-from flint.layout.constraints import constrained_names
+from flint.layout.constraints import axes_in_step, constrained_names
 from flint.layout.inputs import (
     Input,
     InputLayout,
@@ -35,7 +36,7 @@ from flint.layout.inputs import (
     placed_by_model,
     read_inputs,
 )
-from flint.layout.presets import apply_preset
+from flint.layout.presets import apply_preset, strategies_using
 from flint.layout.request import LayoutRequest, Spec
 from flint.mesh import ways
 from flint.sharding import entry_of
@@ -113,6 +114,31 @@ def _flax_names_without_rules(inputs: list[Input], rules, mesh) -> list[str]:
     ]
 
 
+def _unused_axes(
+    inputs: list[Input], workload: Workload, mesh, rules, strategy: str | None, meant: set[str]
+) -> list[str]:
+    """Mesh axes (of more than one rank) that split no input and no constraint in the step (the
+    step is lowered once more only if some axis splits no input), but those a preset meant for a
+    batch that does not divide (already a warning); each offers the presets that would use it."""
+    named = {axis for item in inputs for axes in item.spec for axis in axes}
+    idle = [a for a in mesh.axis_names if mesh.shape[a] > 1 and a not in named and a not in meant]
+    if idle:
+        used = axes_in_step(workload, mesh, rules)
+        idle = [a for a in idle if a not in used]
+    warnings = []
+    for axis in idle:
+        options = [s for s in strategies_using(axis, mesh) if s != strategy]
+        offer = ""
+        if options:
+            listed = f"{', '.join(options[:-1])} or {options[-1]}" if len(options) > 1 else options[0]
+            offer = f": --strategy {listed} would use it"
+        warnings.append(
+            f"mesh axis {axis!r} splits no input and no constraint of the step, so its "
+            f"{mesh.shape[axis]} ranks repeat each other's work{offer}"
+        )
+    return warnings
+
+
 def _leaf(item: Input, sharding):
     import jax
 
@@ -128,8 +154,11 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     rules: dict[str, tuple[str, ...]] = dict(workload.rules or {})
     inputs, treedef = read_inputs(workload, mesh.axis_names)
     warnings = []
+    meant: set[str] = set()
     if request.strategy:
-        rules, preset_warnings = apply_preset(request.strategy, inputs, mesh, workload.tensor_parallel or {})
+        rules, preset_warnings, meant = apply_preset(
+            request.strategy, inputs, mesh, workload.tensor_parallel or {}
+        )
         warnings += preset_warnings
     for name, axes, origin in request.rules:
         _check_axes(axes, mesh, f"rule {name}={'+'.join(axes)} ({origin})")
@@ -150,6 +179,7 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     leaves = [_leaf(item, NamedSharding(mesh, _partition_spec(item.spec))) for item in inputs]
     laid_out = replace(workload, args=tuple(jax.tree_util.tree_unflatten(treedef, leaves)))
     warnings += _rules_naming_nothing(request, inputs, laid_out, mesh, rules)
+    warnings += _unused_axes(inputs, laid_out, mesh, rules, request.strategy, meant)
     layout = Layout(
         inputs=tuple(
             InputLayout(

@@ -235,10 +235,21 @@ def _preset_rules(roles: _Roles) -> dict[str, tuple[str, ...]]:
     return rules
 
 
+def strategies_using(axis: str, mesh) -> list[str]:
+    """The data-parallel and tensor-parallel presets that lay something out over mesh axis `axis`:
+    the batch, parameters (FSDP) or the tensor-parallel split."""
+    return [
+        strategy
+        for strategy in ("dp", "fsdp", "dp+tp")
+        if axis in set().union(*(vars(_roles(strategy, mesh)).values()))
+    ]
+
+
 def apply_preset(
     strategy: str, inputs: list[Input], mesh, declared: Mapping[str, int | None]
-) -> tuple[dict[str, tuple[str, ...]], list[str]]:
-    """Lay every input out by `strategy`; return its logical rules and its warnings."""
+) -> tuple[dict[str, tuple[str, ...]], list[str], set[str]]:
+    """Lay every input out by `strategy`; return its logical rules, its warnings and the mesh axes
+    it meant to split the batch over but could not (a warning says so)."""
     if strategy not in STRATEGIES:
         raise FlintError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     roles = _roles(strategy, mesh)
@@ -268,4 +279,4 @@ def apply_preset(
             f"{'+'.join(roles.batch)} ({batch_ways} ways): every rank holds the whole batch; use a "
             f"batch divisible by {batch_ways}, or a mesh whose batch axes divide it"
         )
-    return rules, warnings
+    return rules, warnings, set(roles.batch) if plan.whole_batch else set()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66lint/schema/hlo_envelope.proto\x12\tflint.xla\"&\n\x10HloProtoEnvelope\x12\x12\n\nhlo_module\x18\x01 \x01(\x0c\"f\n\tHloModule\x12/\n\x0c\x63omputations\x18\x03 \x03(\x0b\x32\x19.flint.xla.HloComputation\x12(\n\x08schedule\x18\x07 \x01(\x0b\x32\x16.flint.xla.HloSchedule\"\x9c\x01\n\x0eHloComputation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12/\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x19.flint.xla.HloInstruction\x12.\n\rprogram_shape\x18\x04 \x01(\x0b\x32\x17.flint.xla.ProgramShape\x12\n\n\x02id\x18\x05 \x01(\x03\x12\x0f\n\x07root_id\x18\x06 \x01(\x03\"o\n\x0cProgramShape\x12$\n\nparameters\x18\x01 \x03(\x0b\x32\x10.flint.xla.Shape\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.flint.xla.Shape\x12\x17\n\x0fparameter_names\x18\x03 \x03(\t\"\xee\x03\n\x0eHloInstruction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06opcode\x18\x02 \x01(\t\x12\x1f\n\x05shape\x18\x03 \x01(\x0b\x32\x10.flint.xla.Shape\x12\x18\n\x10parameter_number\x18\t \x01(\x03\x12\x12\n\nchannel_id\x18\x1a \x01(\x03\x12\n\n\x02id\x18# \x01(\x03\x12\x13\n\x0boperand_ids\x18$ \x03(\x03\x12\x1f\n\x17\x63ontrol_predecessor_ids\x18% \x03(\x03\x12\x1e\n\x16\x63\x61lled_computation_ids\x18& \x03(\x03\x12\x34\n\x13source_target_pairs\x18\x34 \x03(\x0b\x32\x17.flint.xla.SourceTarget\x12?\n\x16\x63ollective_device_list\x18W \x01(\x0b\x32\x1f.flint.xla.CollectiveDeviceList\x12\x42\n\x18mesh_axes_replica_groups\x18] \x01(\x0b\x32 .flint.xla.MeshAxesReplicaGroups\x12\x16\n\x0e\x62\x61\x63kend_config\x18+ \x01(\x0c\x12:\n\x13\x66rontend_attributes\x18\x44 \x01(\x0b\x32\x1d.flint.xla.FrontendAttributes\"u\n\x12\x46rontendAttributes\x12\x33\n\x03map\x18\x01 \x03(\x0b\x32&.flint.xla.FrontendAttributes.MapEntry\x1a*\n\x08MapEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\x05Shape\x12\x14\n\x0c\x65lement_type\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x03(\x03\x12&\n\x0ctuple_shapes\x18\x04 \x03(\x0b\x32\x10.flint.xla.Shape\".\n\x0cSourceTarget\x12\x0e\n\x06source\x18\x01 \x01(\x03\x12\x0e\n\x06target\x18\x02 \x01(\x03\"G\n\x14\x43ollectiveDeviceList\x12/\n\x0ereplica_groups\x18\x01 \x03(\x0b\x32\x17.flint.xla.ReplicaGroup\"#\n\x0cReplicaGroup\x12\x13\n\x0breplica_ids\x18\x01 \x03(\x03\"b\n\x15MeshAxesReplicaGroups\x12#\n\x04mesh\x18\x01 \x01(\x0b\x32\x15.flint.xla.DeviceMesh\x12$\n\x04\x61xes\x18\x02 \x03(\x0b\x32\x16.flint.xla.MeshAxisRef\"b\n\nDeviceMesh\x12!\n\x04\x61xes\x18\x01 \x03(\x0b\x32\x13.flint.xla.MeshAxis\x12\x31\n\x0fiota_device_ids\x18\x03 \x01(\x0b\x32\x18.flint.xla.IotaDeviceIds\"&\n\x08MeshAxis\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"=\n\rIotaDeviceIds\x12\x14\n\x0creshape_dims\x18\x01 \x03(\x03\x12\x16\n\x0etranspose_perm\x18\x02 \x03(\x03\"Q\n\x0bMeshAxisRef\x12\x17\n\x0fmesh_axis_index\x18\x01 \x01(\x03\x12)\n\rsub_axis_info\x18\x02 \x01(\x0b\x32\x12.flint.xla.SubAxis\")\n\x07SubAxis\x12\x10\n\x08pre_size\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\x99\x01\n\x0bHloSchedule\x12\x38\n\tsequences\x18\x01 \x03(\x0b\x32%.flint.xla.HloSchedule.SequencesEntry\x1aP\n\x0eSequencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.flint.xla.InstructionSequence:\x02\x38\x01\".\n\x13InstructionSequence\x12\x17\n\x0finstruction_ids\x18\x01 \x03(\x03\"M\n\x0fLatencySchedule\x12:\n\x15\x63omputation_schedules\x18\x02 \x03(\x0b\x32\x1b.flint.xla.ComputationTimes\"}\n\x10\x43omputationTimes\x12\x16\n\x0e\x63omputation_id\x18\x01 \x01(\x03\x12\x31\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x1b.flint.xla.InstructionTimes\x12\x1e\n\x16\x63ycles_per_microsecond\x18\x04 \x01(\x03\"\\\n\x10InstructionTimes\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x1e\n\x16start_timestamp_cycles\x18\x02 \x01(\x01\x12\x1c\n\x14\x65nd_timestamp_cycles\x18\x03 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66lint/schema/hlo_envelope.proto\x12\tflint.xla\"&\n\x10HloProtoEnvelope\x12\x12\n\nhlo_module\x18\x01 \x01(\x0c\"f\n\tHloModule\x12/\n\x0c\x63omputations\x18\x03 \x03(\x0b\x32\x19.flint.xla.HloComputation\x12(\n\x08schedule\x18\x07 \x01(\x0b\x32\x16.flint.xla.HloSchedule\"\x9c\x01\n\x0eHloComputation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12/\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x19.flint.xla.HloInstruction\x12.\n\rprogram_shape\x18\x04 \x01(\x0b\x32\x17.flint.xla.ProgramShape\x12\n\n\x02id\x18\x05 \x01(\x03\x12\x0f\n\x07root_id\x18\x06 \x01(\x03\"o\n\x0cProgramShape\x12$\n\nparameters\x18\x01 \x03(\x0b\x32\x10.flint.xla.Shape\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.flint.xla.Shape\x12\x17\n\x0fparameter_names\x18\x03 \x03(\t\"\xb4\x05\n\x0eHloInstruction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06opcode\x18\x02 \x01(\t\x12\x1f\n\x05shape\x18\x03 \x01(\x0b\x32\x10.flint.xla.Shape\x12\x18\n\x10parameter_number\x18\t \x01(\x03\x12!\n\x06window\x18\x0f \x01(\x0b\x32\x11.flint.xla.Window\x12M\n\x1d\x63onvolution_dimension_numbers\x18\x10 \x01(\x0b\x32&.flint.xla.ConvolutionDimensionNumbers\x12\x12\n\nchannel_id\x18\x1a \x01(\x03\x12\x1a\n\x12\x63ustom_call_target\x18\x1c \x01(\t\x12\n\n\x02id\x18# \x01(\x03\x12\x13\n\x0boperand_ids\x18$ \x03(\x03\x12\x1f\n\x17\x63ontrol_predecessor_ids\x18% \x03(\x03\x12\x1e\n\x16\x63\x61lled_computation_ids\x18& \x03(\x03\x12\x34\n\x13source_target_pairs\x18\x34 \x03(\x0b\x32\x17.flint.xla.SourceTarget\x12?\n\x16\x63ollective_device_list\x18W \x01(\x0b\x32\x1f.flint.xla.CollectiveDeviceList\x12\x42\n\x18mesh_axes_replica_groups\x18] \x01(\x0b\x32 .flint.xla.MeshAxesReplicaGroups\x12\x16\n\x0e\x62\x61\x63kend_config\x18+ \x01(\x0c\x12\x1b\n\x13\x66\x65\x61ture_group_count\x18\x32 \x01(\x03\x12\x19\n\x11\x62\x61tch_group_count\x18: \x01(\x03\x12:\n\x13\x66rontend_attributes\x18\x44 \x01(\x0b\x32\x1d.flint.xla.FrontendAttributes\"8\n\x06Window\x12.\n\ndimensions\x18\x01 \x03(\x0b\x32\x1a.flint.xla.WindowDimension\"\xa3\x01\n\x0fWindowDimension\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x0e\n\x06stride\x18\x02 \x01(\x03\x12\x13\n\x0bpadding_low\x18\x03 \x01(\x03\x12\x14\n\x0cpadding_high\x18\x04 \x01(\x03\x12\x17\n\x0fwindow_dilation\x18\x05 \x01(\x03\x12\x15\n\rbase_dilation\x18\x06 \x01(\x03\x12\x17\n\x0fwindow_reversal\x18\x07 \x01(\x08\"\xd8\x02\n\x1b\x43onvolutionDimensionNumbers\x12\x1d\n\x15input_batch_dimension\x18\x07 \x01(\x03\x12\x1f\n\x17input_feature_dimension\x18\x08 \x01(\x03\x12 \n\x18input_spatial_dimensions\x18\x0b \x03(\x03\x12&\n\x1ekernel_input_feature_dimension\x18\x03 \x01(\x03\x12\'\n\x1fkernel_output_feature_dimension\x18\x04 \x01(\x03\x12!\n\x19kernel_spatial_dimensions\x18\x06 \x03(\x03\x12\x1e\n\x16output_batch_dimension\x18\t \x01(\x03\x12 \n\x18output_feature_dimension\x18\n \x01(\x03\x12!\n\x19output_spatial_dimensions\x18\x0c \x03(\x03\"u\n\x12\x46rontendAttributes\x12\x33\n\x03map\x18\x01 \x03(\x0b\x32&.flint.xla.FrontendAttributes.MapEntry\x1a*\n\x08MapEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\x05Shape\x12\x14\n\x0c\x65lement_type\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x03(\x03\x12&\n\x0ctuple_shapes\x18\x04 \x03(\x0b\x32\x10.flint.xla.Shape\".\n\x0cSourceTarget\x12\x0e\n\x06source\x18\x01 \x01(\x03\x12\x0e\n\x06target\x18\x02 \x01(\x03\"G\n\x14\x43ollectiveDeviceList\x12/\n\x0ereplica_groups\x18\x01 \x03(\x0b\x32\x17.flint.xla.ReplicaGroup\"#\n\x0cReplicaGroup\x12\x13\n\x0breplica_ids\x18\x01 \x03(\x03\"b\n\x15MeshAxesReplicaGroups\x12#\n\x04mesh\x18\x01 \x01(\x0b\x32\x15.flint.xla.DeviceMesh\x12$\n\x04\x61xes\x18\x02 \x03(\x0b\x32\x16.flint.xla.MeshAxisRef\"b\n\nDeviceMesh\x12!\n\x04\x61xes\x18\x01 \x03(\x0b\x32\x13.flint.xla.MeshAxis\x12\x31\n\x0fiota_device_ids\x18\x03 \x01(\x0b\x32\x18.flint.xla.IotaDeviceIds\"&\n\x08MeshAxis\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"=\n\rIotaDeviceIds\x12\x14\n\x0creshape_dims\x18\x01 \x03(\x03\x12\x16\n\x0etranspose_perm\x18\x02 \x03(\x03\"Q\n\x0bMeshAxisRef\x12\x17\n\x0fmesh_axis_index\x18\x01 \x01(\x03\x12)\n\rsub_axis_info\x18\x02 \x01(\x0b\x32\x12.flint.xla.SubAxis\")\n\x07SubAxis\x12\x10\n\x08pre_size\x18\x01 \x01(\x03\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\x99\x01\n\x0bHloSchedule\x12\x38\n\tsequences\x18\x01 \x03(\x0b\x32%.flint.xla.HloSchedule.SequencesEntry\x1aP\n\x0eSequencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.flint.xla.InstructionSequence:\x02\x38\x01\".\n\x13InstructionSequence\x12\x17\n\x0finstruction_ids\x18\x01 \x03(\x03\"M\n\x0fLatencySchedule\x12:\n\x15\x63omputation_schedules\x18\x02 \x03(\x0b\x32\x1b.flint.xla.ComputationTimes\"}\n\x10\x43omputationTimes\x12\x16\n\x0e\x63omputation_id\x18\x01 \x01(\x03\x12\x31\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x1b.flint.xla.InstructionTimes\x12\x1e\n\x16\x63ycles_per_microsecond\x18\x04 \x01(\x03\"\\\n\x10InstructionTimes\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x1e\n\x16start_timestamp_cycles\x18\x02 \x01(\x01\x12\x1c\n\x14\x65nd_timestamp_cycles\x18\x03 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,41 +44,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROGRAMSHAPE']._serialized_start=349
   _globals['_PROGRAMSHAPE']._serialized_end=460
   _globals['_HLOINSTRUCTION']._serialized_start=463
-  _globals['_HLOINSTRUCTION']._serialized_end=957
-  _globals['_FRONTENDATTRIBUTES']._serialized_start=959
-  _globals['_FRONTENDATTRIBUTES']._serialized_end=1076
-  _globals['_FRONTENDATTRIBUTES_MAPENTRY']._serialized_start=1034
-  _globals['_FRONTENDATTRIBUTES_MAPENTRY']._serialized_end=1076
-  _globals['_SHAPE']._serialized_start=1078
-  _globals['_SHAPE']._serialized_end=1167
-  _globals['_SOURCETARGET']._serialized_start=1169
-  _globals['_SOURCETARGET']._serialized_end=1215
-  _globals['_COLLECTIVEDEVICELIST']._serialized_start=1217
-  _globals['_COLLECTIVEDEVICELIST']._serialized_end=1288
-  _globals['_REPLICAGROUP']._serialized_start=1290
-  _globals['_REPLICAGROUP']._serialized_end=1325
-  _globals['_MESHAXESREPLICAGROUPS']._serialized_start=1327
-  _globals['_MESHAXESREPLICAGROUPS']._serialized_end=1425
-  _globals['_DEVICEMESH']._serialized_start=1427
-  _globals['_DEVICEMESH']._serialized_end=1525
-  _globals['_MESHAXIS']._serialized_start=1527
-  _globals['_MESHAXIS']._serialized_end=1565
-  _globals['_IOTADEVICEIDS']._serialized_start=1567
-  _globals['_IOTADEVICEIDS']._serialized_end=1628
-  _globals['_MESHAXISREF']._serialized_start=1630
-  _globals['_MESHAXISREF']._serialized_end=1711
-  _globals['_SUBAXIS']._serialized_start=1713
-  _globals['_SUBAXIS']._serialized_end=1754
-  _globals['_HLOSCHEDULE']._serialized_start=1757
-  _globals['_HLOSCHEDULE']._serialized_end=1910
-  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_start=1830
-  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_end=1910
-  _globals['_INSTRUCTIONSEQUENCE']._serialized_start=1912
-  _globals['_INSTRUCTIONSEQUENCE']._serialized_end=1958
-  _globals['_LATENCYSCHEDULE']._serialized_start=1960
-  _globals['_LATENCYSCHEDULE']._serialized_end=2037
-  _globals['_COMPUTATIONTIMES']._serialized_start=2039
-  _globals['_COMPUTATIONTIMES']._serialized_end=2164
-  _globals['_INSTRUCTIONTIMES']._serialized_start=2166
-  _globals['_INSTRUCTIONTIMES']._serialized_end=2258
+  _globals['_HLOINSTRUCTION']._serialized_end=1155
+  _globals['_WINDOW']._serialized_start=1157
+  _globals['_WINDOW']._serialized_end=1213
+  _globals['_WINDOWDIMENSION']._serialized_start=1216
+  _globals['_WINDOWDIMENSION']._serialized_end=1379
+  _globals['_CONVOLUTIONDIMENSIONNUMBERS']._serialized_start=1382
+  _globals['_CONVOLUTIONDIMENSIONNUMBERS']._serialized_end=1726
+  _globals['_FRONTENDATTRIBUTES']._serialized_start=1728
+  _globals['_FRONTENDATTRIBUTES']._serialized_end=1845
+  _globals['_FRONTENDATTRIBUTES_MAPENTRY']._serialized_start=1803
+  _globals['_FRONTENDATTRIBUTES_MAPENTRY']._serialized_end=1845
+  _globals['_SHAPE']._serialized_start=1847
+  _globals['_SHAPE']._serialized_end=1936
+  _globals['_SOURCETARGET']._serialized_start=1938
+  _globals['_SOURCETARGET']._serialized_end=1984
+  _globals['_COLLECTIVEDEVICELIST']._serialized_start=1986
+  _globals['_COLLECTIVEDEVICELIST']._serialized_end=2057
+  _globals['_REPLICAGROUP']._serialized_start=2059
+  _globals['_REPLICAGROUP']._serialized_end=2094
+  _globals['_MESHAXESREPLICAGROUPS']._serialized_start=2096
+  _globals['_MESHAXESREPLICAGROUPS']._serialized_end=2194
+  _globals['_DEVICEMESH']._serialized_start=2196
+  _globals['_DEVICEMESH']._serialized_end=2294
+  _globals['_MESHAXIS']._serialized_start=2296
+  _globals['_MESHAXIS']._serialized_end=2334
+  _globals['_IOTADEVICEIDS']._serialized_start=2336
+  _globals['_IOTADEVICEIDS']._serialized_end=2397
+  _globals['_MESHAXISREF']._serialized_start=2399
+  _globals['_MESHAXISREF']._serialized_end=2480
+  _globals['_SUBAXIS']._serialized_start=2482
+  _globals['_SUBAXIS']._serialized_end=2523
+  _globals['_HLOSCHEDULE']._serialized_start=2526
+  _globals['_HLOSCHEDULE']._serialized_end=2679
+  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_start=2599
+  _globals['_HLOSCHEDULE_SEQUENCESENTRY']._serialized_end=2679
+  _globals['_INSTRUCTIONSEQUENCE']._serialized_start=2681
+  _globals['_INSTRUCTIONSEQUENCE']._serialized_end=2727
+  _globals['_LATENCYSCHEDULE']._serialized_start=2729
+  _globals['_LATENCYSCHEDULE']._serialized_end=2806
+  _globals['_COMPUTATIONTIMES']._serialized_start=2808
+  _globals['_COMPUTATIONTIMES']._serialized_end=2933
+  _globals['_INSTRUCTIONTIMES']._serialized_start=2935
+  _globals['_INSTRUCTIONTIMES']._serialized_end=3027
 # @@protoc_insertion_point(module_scope)
