@@ -38,6 +38,7 @@ from flint.emit import (
     RankTotals,
     check_emitted,
     disk_errors,
+    first_nodes_take_time,
     rank_classes,
     rank_totals,
     write_ranks,
@@ -315,6 +316,7 @@ def _stages(
             f"no cost rule for {', '.join(graph.unknown_ops)} (--strict): drop --strict to emit "
             "them with bytes only"
         )
+    first_nodes_take_time(graph)
     classes = rank_classes(graph)
     extraction = Extraction(
         workload=workload,

@@ -12,6 +12,7 @@ Imports: `flint.graph`, `flint.trace` (the format) and the foundation modules.
 
 from flint.emit.chakra import ChakraEmitter
 from flint.emit.classes import RankClasses, rank_classes
+from flint.emit.first_nodes import first_nodes_take_time
 from flint.emit.groups import GroupTable
 from flint.emit.parallel import write_ranks
 from flint.emit.summary import RankTotals, rank_totals
@@ -27,6 +28,7 @@ __all__ = [
     "check_emitted",
     "check_name",
     "disk_errors",
+    "first_nodes_take_time",
     "prepare_output",
     "rank_classes",
     "rank_totals",
