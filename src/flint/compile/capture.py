@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -67,6 +68,8 @@ class PartitionedModule:
     estimates: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
     """Microseconds by scheduled instruction id, as XLA's latency-hiding scheduler estimated them
     (the GPU compiler's optimised module; empty elsewhere)."""
+    donated: tuple[int, ...] = ()
+    """The step arguments donated to the compile (`jax.jit`'s `donate_argnums`)."""
 
     def text(self) -> str:
         """Readable StableHLO, for `--dump-ir`."""
@@ -220,17 +223,26 @@ def _explicit_groups(groups) -> np.ndarray:
     return mesh_axes_groups(ModuleMesh(axes, device_ids), refs)
 
 
-def partition(workload: Workload, mesh, stage: str = "partitioned") -> PartitionedModule:
-    """Lower `workload` for `mesh` and compile it far enough to read the partitioned module."""
+def partition(
+    workload: Workload, mesh, stage: str = "partitioned", donate: bool = True
+) -> PartitionedModule:
+    """Lower `workload` for `mesh` and compile it far enough to read the partitioned module.
+
+    With `donate`, the arguments `flint.compile.donation` picks are donated to the compile, as a
+    training step donates its parameters and optimizer state."""
     import jax
     from jax._src.lib import _jax
+
+    from flint.compile.donation import donated_arguments, donated_bytes
 
     if stage not in STAGES:
         raise FlintError(f"unknown stage {stage!r}: choose one of {', '.join(STAGES)}")
     start = time.perf_counter()
     try:
-        with jax.set_mesh(mesh), rules_in_effect(workload.rules):
-            lowered = jax.jit(workload.step).lower(*workload.args)
+        with jax.set_mesh(mesh), rules_in_effect(workload.rules), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            donated = donated_arguments(workload, donate)
+            lowered = jax.jit(workload.step, donate_argnums=donated).lower(*workload.args)
     except Exception as exc:
         raise FlintError(
             f"{workload.path.name}: tracing the step failed{_user_line(exc, workload)}: "
@@ -273,6 +285,7 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         lower_seconds=lowered_at - start,
         compile_seconds=compiled_at - lowered_at,
         groups_by_channel=MappingProxyType(mesh_axes_groups_by_channel(module_proto)),
-        memory=memory,
+        memory=memory if memory is None else replace(memory, donated=donated_bytes(workload.args, donated)),
         estimates=MappingProxyType(estimates),
+        donated=donated,
     )
