@@ -98,7 +98,11 @@ def extract_summary(request: ExtractRequest, result: Report, seconds: float) -> 
         "memory_per_rank": result.memory,
         "seconds": round(seconds, 3),
     }
-    return summary | ({"pipeline": result.pipeline} if result.pipeline else {})
+    return (
+        summary
+        | ({"pipeline": result.pipeline} if result.pipeline else {})
+        | ({"compiler_fallback": result.compiler_fallback} if result.compiler_fallback else {})
+    )
 
 
 def extract(model: str | Path, mesh: str, output: str | Path,

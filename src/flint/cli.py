@@ -336,6 +336,11 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
         stderr.print(f"[yellow]warning:[/] no cost rule for {op}: emitted with bytes only (--strict fails)")
     if result.costliest_branches:
         stderr.print(f"[yellow]note:[/] {_branches(result.costliest_branches)}")
+    if result.compiler_fallback == "cublas_gemm":
+        stderr.print(
+            "[yellow]warning:[/] the GPU compiler could not tile a Triton GEMM: compiled with cuBLAS "
+            "GEMMs instead (xla_gpu_enable_triton_gemm=false), as the manifest records"
+        )
     memory = result.memory
     if memory and memory["device"] and memory["peak"] > memory["device"]:
         stderr.print(

@@ -148,6 +148,7 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
         ],
         "memory_per_rank": memory_json(request, extraction.module),
         "donated_arguments": donated_names(extraction.workload, extraction.module),
+        "compiler_fallback": extraction.module.compiler_fallback,
         "command": request.command,
     } | ({"pipeline": pipeline_summary(request.pipeline, extraction.regions)} if request.pipeline else {})
 
@@ -343,6 +344,7 @@ class Report:
     costliest_branches: int
     pipeline: dict | None
     memory: dict | None
+    compiler_fallback: str | None = None
 
 
 def report(request: ExtractRequest, extraction: Extraction) -> Report:
@@ -355,6 +357,7 @@ def report(request: ExtractRequest, extraction: Extraction) -> Report:
         costliest_branches=extraction.graph.costliest_branches,
         pipeline=pipeline_summary(pipeline, extraction.regions) if pipeline else None,
         memory=memory_json(request, extraction.module),
+        compiler_fallback=extraction.module.compiler_fallback,
     )
 
 

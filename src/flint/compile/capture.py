@@ -10,6 +10,7 @@ directory.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import warnings
@@ -70,6 +71,9 @@ class PartitionedModule:
     (the GPU compiler's optimised module; empty elsewhere)."""
     donated: tuple[int, ...] = ()
     """The step arguments donated to the compile (`jax.jit`'s `donate_argnums`)."""
+    compiler_fallback: str | None = None
+    """`cublas_gemm` where the GPU compiler could not tile a Triton GEMM and compiled again with
+    cuBLAS GEMMs; None where the first compile went through."""
 
     def text(self) -> str:
         """Readable StableHLO, for `--dump-ir`."""
@@ -223,6 +227,32 @@ def _explicit_groups(groups) -> np.ndarray:
     return mesh_axes_groups(ModuleMesh(axes, device_ids), refs)
 
 
+TRITON_CANNOT_TILE = "Couldn't find output tile sizes"
+"""How the GPU compiler fails a GEMM that none of its Triton tilings fits (`bf16[32768,2304]` on an
+A100, for one): the real compiler then runs the program with cuBLAS GEMMs, as XLA does with
+`--xla_gpu_enable_triton_gemm=false`."""
+CUBLAS_GEMM = {"xla_gpu_enable_triton_gemm": False}
+"""The per-compile debug option that makes the GPU compiler call cuBLAS for every GEMM."""
+
+
+def compile_with_fallback(compile_once, options: Mapping[str, object], restart=lambda: None):
+    """`compile_once(options)`, or where the GPU compiler could not tile a Triton GEMM, after
+    `restart()` (which empties the dump directory), `compile_once` again with cuBLAS GEMMs: (the
+    compiled executable, None or `cublas_gemm`)."""
+    try:
+        return compile_once(dict(options)), None
+    except Exception as exc:
+        if TRITON_CANNOT_TILE not in str(exc):
+            raise
+    restart()
+    return compile_once({**options, **CUBLAS_GEMM}), "cublas_gemm"
+
+
+def _emptied(directory: Path) -> None:
+    for entry in directory.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
 def partition(
     workload: Workload, mesh, stage: str = "partitioned", donate: bool = True
 ) -> PartitionedModule:
@@ -258,10 +288,13 @@ def partition(
             "xla_dump_hlo_as_text": False,
             "xla_dump_latency_hiding_schedule": stage == "optimized",
         }
-        memory = None
+        memory, fallback = None, None
         try:
             with native_stderr_held(replay_on_error=False):
-                memory = DeviceMemory.of(lowered.compile(compiler_options=options))
+                compiled, fallback = compile_with_fallback(
+                    lambda opts: lowered.compile(compiler_options=opts), options, lambda: _emptied(Path(tmp))
+                )
+                memory = DeviceMemory.of(compiled)
         except Exception as exc:
             if _is_temp_full(str(exc)):  # the GPU compiler writes temporary files of its own
                 raise _temp_full(tempfile.gettempdir()) from exc
@@ -288,4 +321,5 @@ def partition(
         memory=memory if memory is None else replace(memory, donated=donated_bytes(workload.args, donated)),
         estimates=MappingProxyType(estimates),
         donated=donated,
+        compiler_fallback=fallback,
     )
