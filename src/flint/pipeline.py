@@ -179,9 +179,9 @@ def _graph_json(graph: WorkloadGraph, groups: GroupTable) -> str:
 
 def donated_names(workload: Workload, module: PartitionedModule) -> list[str]:
     """The step arguments the compile donated, by name."""
-    from flint.layout.inputs import _argument_names
+    from flint.layout.inputs import argument_names
 
-    names = _argument_names(workload.step, len(workload.args))
+    names = argument_names(workload.step, len(workload.args))
     return [names[i] for i in module.donated]
 
 
