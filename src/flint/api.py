@@ -40,7 +40,7 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
                     pipeline_stages: int | None = None, microbatches: int | None = None,
                     schedule: str | None = None, virtual_stages: int | None = None,
                     dump_ir: str | Path | None = None, loop_trips: int | None = None, strict: bool = False,
-                    force: bool = False, command: str = "") -> ExtractRequest:
+                    donate: bool = True, force: bool = False, command: str = "") -> ExtractRequest:
     """Check every option and build the request, before anything slow runs."""
     pipeline = pipeline_request(pipeline_stages, microbatches, schedule, virtual_stages)
     parsed_backend = parse_backend(backend, slices)
@@ -68,6 +68,7 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
         pipeline=pipeline,
         model_args=arguments,
         command=command,
+        donate=donate,
     )
 
 
@@ -97,14 +98,18 @@ def extract_summary(request: ExtractRequest, result: Report, seconds: float) -> 
         "memory_per_rank": result.memory,
         "seconds": round(seconds, 3),
     }
-    return summary | ({"pipeline": result.pipeline} if result.pipeline else {})
+    return (
+        summary
+        | ({"pipeline": result.pipeline} if result.pipeline else {})
+        | ({"compiler_fallback": result.compiler_fallback} if result.compiler_fallback else {})
+    )
 
 
 def extract(model: str | Path, mesh: str, output: str | Path,
             on_progress: Callable[[str, int, int], None] | None = None, **options) -> dict:
     """Extract traces of `model` on `mesh` into `output` (the options of `flint extract`, e.g.
-    backend="gpu:h100", strategy="fsdp+tp", model_args={"layers": 8}, force=True); returns the
-    summary `flint extract --json` prints."""
+    backend="gpu:h100", strategy="fsdp+tp", model_args={"layers": 8}, donate=False, force=True);
+    returns the summary `flint extract --json` prints."""
     started = time.perf_counter()
     request = extract_request(model, mesh, output, **options)
     result = extract_isolated(request, on_progress or (lambda stage, done, total: None), lambda layout: None)

@@ -199,7 +199,7 @@ def _format_summary(summary: dict) -> None:
         memory = summary["memory_per_rank"]
         stdout.print(
             f"  memory per rank       {memory['peak']:,} bytes (arguments {memory['arguments']:,}, "
-            f"temporaries {memory['temporaries']:,})"
+            f"temporaries {memory['temporaries']:,}, donated {memory['donated']:,})"
         )
     if "pipeline" in summary:
         p = summary["pipeline"]
@@ -267,12 +267,16 @@ def _model_arg_option(command):
               help=f"Pipeline schedule, with --pipeline-stages: {' | '.join(SCHEDULES)} [default: 1f1b].")
 @click.option("--virtual-stages", type=click.IntRange(min=1), metavar="V",
               help="Layer chunks per stage for --schedule interleaved [default: 2].")
+@click.option("--donate/--no-donate", default=True, show_default=True,
+              help="Donate the step arguments an output replaces (parameters, optimizer state), or "
+                   "the model file's donate_argnums, as a training step does: memory per rank "
+                   "holds one copy of them.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--strict", is_flag=True, help="Fail on ops that have no cost rule instead of warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no progress bars).")
 def extract(model, mesh_spec, output, name, device_spec, stage, durations, backend_spec, slices, model_args,
             dump_ir, loop_trips, strategy, rules, shards, config, explain, stages, microbatches,
-            pipeline_schedule, virtual_stages, force, strict, as_json):
+            pipeline_schedule, virtual_stages, donate, force, strict, as_json):
     """Extract traces from a model file.
 
     By default XLA's GPU compiler compiles the step for a cluster of virtual H100s (no GPU needed)
@@ -315,7 +319,7 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
         durations=durations, name=name, strategy=strategy, rules=rules, shards=shards, config=config,
         model_args=model_args, pipeline_stages=stages, microbatches=microbatches, schedule=pipeline_schedule,
         virtual_stages=virtual_stages, dump_ir=dump_ir, loop_trips=loop_trips, strict=strict, force=force,
-        command=shlex.join(["flint", *sys.argv[1:]]),
+        donate=donate, command=shlex.join(["flint", *sys.argv[1:]]),
     )
     bars = _progress(as_json)
     task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
@@ -335,6 +339,11 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
         stderr.print(f"[yellow]warning:[/] no cost rule for {op}: emitted with bytes only (--strict fails)")
     if result.costliest_branches:
         stderr.print(f"[yellow]note:[/] {_branches(result.costliest_branches)}")
+    if result.compiler_fallback == "cublas_gemm":
+        stderr.print(
+            "[yellow]warning:[/] the GPU compiler could not tile a Triton GEMM: compiled with cuBLAS "
+            "GEMMs instead (xla_gpu_enable_triton_gemm=false), as the manifest records"
+        )
     memory = result.memory
     if memory and memory["device"] and memory["peak"] > memory["device"]:
         stderr.print(

@@ -85,6 +85,9 @@ class ExtractRequest:
     model_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of the model file's `workload(mesh, ...)`, in the order given."""
     command: str = ""
+    donate: bool = True
+    """Donate the arguments the step replaces (or the model's `donate_argnums`), as a training
+    step does; False (`--no-donate`): none. A pipelined step donates nothing either way."""
 
 
 @dataclass
@@ -142,6 +145,8 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
             {"ranks": rank_ranges, **totals.as_json()} for rank_ranges, totals in extraction.totals
         ],
         "memory_per_rank": memory_json(request, extraction.module),
+        "donated_arguments": donated_names(extraction.workload, extraction.module),
+        "compiler_fallback": extraction.module.compiler_fallback,
         "command": request.command,
     } | ({"pipeline": pipeline_summary(request.pipeline, extraction.regions)} if request.pipeline else {})
 
@@ -168,6 +173,14 @@ def _graph_json(graph: WorkloadGraph, groups: GroupTable) -> str:
             del node["groups"]
             node["pg_name"] = str(groups.ids_of_rank[0, groups.partition_of[node["id"]]])
     return json.dumps(data, sort_keys=True, default=list) + "\n"
+
+
+def donated_names(workload: Workload, module: PartitionedModule) -> list[str]:
+    """The step arguments the compile donated, by name."""
+    from flint.layout.inputs import argument_names
+
+    names = argument_names(workload.step, len(workload.args))
+    return [names[i] for i in module.donated]
 
 
 def memory_json(request: ExtractRequest, module: PartitionedModule) -> dict | None:
@@ -294,7 +307,7 @@ def _stages(
     if request.pipeline:
         workload, chunk_layers = one_microbatch(workload, layout, request.pipeline, mesh)
     lap("load")
-    module = partition(workload, mesh, request.stage)
+    module = partition(workload, mesh, request.stage, donate=request.donate and not request.pipeline)
     seconds["lower"] = module.lower_seconds
     seconds["partition"] = module.compile_seconds
     clock = time.perf_counter()
@@ -348,6 +361,7 @@ class Report:
     costliest_branches: int
     pipeline: dict | None
     memory: dict | None
+    compiler_fallback: str | None = None
 
 
 def report(request: ExtractRequest, extraction: Extraction) -> Report:
@@ -360,6 +374,7 @@ def report(request: ExtractRequest, extraction: Extraction) -> Report:
         costliest_branches=extraction.graph.costliest_branches,
         pipeline=pipeline_summary(pipeline, extraction.regions) if pipeline else None,
         memory=memory_json(request, extraction.module),
+        compiler_fallback=extraction.module.compiler_fallback,
     )
 
 

@@ -21,6 +21,7 @@ import glob
 import re
 import tempfile
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -66,18 +67,22 @@ class Execution:
     seconds: float = 0.0
 
 
-def run_profiled(workload, mesh) -> Execution:
-    """Compile `workload` for `mesh`, call it once to warm up, then once under the profiler."""
+def run_profiled(workload, mesh, donated: tuple[int, ...] = ()) -> Execution:
+    """Compile `workload` for `mesh` donating the arguments at `donated` (as the extraction did),
+    call it once to warm up, then once under the profiler (each call on inputs of its own: a call
+    consumes what it is donated)."""
     import jax
 
-    args = random_inputs(workload.args, mesh)
     try:
-        with jax.set_mesh(mesh), rules_in_effect(workload.rules):
-            compiled = jax.jit(workload.step).lower(*workload.args).compile(compiler_options=WHOLE_LOOPS)
+        with jax.set_mesh(mesh), rules_in_effect(workload.rules), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            jitted = jax.jit(workload.step, donate_argnums=donated)
+            compiled = jitted.lower(*workload.args).compile(compiler_options=WHOLE_LOOPS)
     except Exception as exc:
         raise FlintError(f"{workload.path.name}: could not compile the step to run it: {exc}") from exc
     (module,) = compiled.runtime_executable().hlo_modules()
-    jax.block_until_ready(compiled(*args))
+    jax.block_until_ready(compiled(*random_inputs(workload.args, mesh)))
+    args = random_inputs(workload.args, mesh)
     with tempfile.TemporaryDirectory(prefix="flint-profile-") as tmp:
         started = time.perf_counter()
         with jax.profiler.trace(tmp):

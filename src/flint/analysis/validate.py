@@ -180,7 +180,7 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
             f"the trace has {len(traces)} ranks but mesh {request.mesh} has {request.mesh.size}: "
             "validate with the mesh the trace was extracted for"
         )
-    execution = run_profiled(extraction.workload, make_virtual_mesh(request.mesh))
+    execution = run_profiled(extraction.workload, make_virtual_mesh(request.mesh), extraction.module.donated)
     timer = NodeTimer(request.compute or Compute(), request.link, groups, len(traces))
     verdict = compare(execution, traces, groups, timer)
     return replace(verdict, costliest_branches=extraction.graph.costliest_branches), execution

@@ -10,10 +10,12 @@ directory.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -68,6 +70,11 @@ class PartitionedModule:
     estimates: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
     """Microseconds by scheduled instruction id, as XLA's latency-hiding scheduler estimated them
     (the GPU compiler's optimised module; empty elsewhere)."""
+    donated: tuple[int, ...] = ()
+    """The step arguments donated to the compile (`jax.jit`'s `donate_argnums`)."""
+    compiler_fallback: str | None = None
+    """`cublas_gemm` where the GPU compiler could not tile a Triton GEMM and compiled again with
+    cuBLAS GEMMs; None where the first compile went through."""
 
     def text(self) -> str:
         """Readable StableHLO, for `--dump-ir`."""
@@ -223,17 +230,52 @@ def _explicit_groups(groups) -> np.ndarray:
     return mesh_axes_groups(ModuleMesh(axes, device_ids), refs)
 
 
-def partition(workload: Workload, mesh, stage: str = "partitioned") -> PartitionedModule:
-    """Lower `workload` for `mesh` and compile it far enough to read the partitioned module."""
+TRITON_CANNOT_TILE = "Couldn't find output tile sizes"
+"""How the GPU compiler fails a GEMM that none of its Triton tilings fits (`bf16[32768,2304]` on an
+A100, for one): the real compiler then runs the program with cuBLAS GEMMs, as XLA does with
+`--xla_gpu_enable_triton_gemm=false`."""
+CUBLAS_GEMM = {"xla_gpu_enable_triton_gemm": False}
+"""The per-compile debug option that makes the GPU compiler call cuBLAS for every GEMM."""
+
+
+def compile_with_fallback(compile_once, options: Mapping[str, object], restart=lambda: None):
+    """`compile_once(options)`, or where the GPU compiler could not tile a Triton GEMM, after
+    `restart()` (which empties the dump directory), `compile_once` again with cuBLAS GEMMs: (the
+    compiled executable, None or `cublas_gemm`)."""
+    try:
+        return compile_once(dict(options)), None
+    except Exception as exc:
+        if TRITON_CANNOT_TILE not in str(exc):
+            raise
+    restart()
+    return compile_once({**options, **CUBLAS_GEMM}), "cublas_gemm"
+
+
+def _emptied(directory: Path) -> None:
+    for entry in directory.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def partition(
+    workload: Workload, mesh, stage: str = "partitioned", donate: bool = True
+) -> PartitionedModule:
+    """Lower `workload` for `mesh` and compile it far enough to read the partitioned module.
+
+    With `donate`, the arguments `flint.compile.donation` picks are donated to the compile, as a
+    training step donates its parameters and optimizer state."""
     import jax
     from jax._src.lib import _jax
+
+    from flint.compile.donation import donated_arguments, donated_bytes
 
     if stage not in STAGES:
         raise FlintError(f"unknown stage {stage!r}: choose one of {', '.join(STAGES)}")
     start = time.perf_counter()
     try:
-        with jax.set_mesh(mesh), rules_in_effect(workload.rules):
-            lowered = jax.jit(workload.step).lower(*workload.args)
+        with jax.set_mesh(mesh), rules_in_effect(workload.rules), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            donated = donated_arguments(workload, donate)
+            lowered = jax.jit(workload.step, donate_argnums=donated).lower(*workload.args)
     except Exception as exc:
         raise FlintError(
             f"{workload.path.name}: tracing the step failed{_user_line(exc, workload)}: "
@@ -249,10 +291,13 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
             "xla_dump_hlo_as_text": False,
             "xla_dump_latency_hiding_schedule": stage == "optimized",
         }
-        memory = None
+        memory, fallback = None, None
         try:
             with native_stderr_held(replay_on_error=False):
-                memory = DeviceMemory.of(lowered.compile(compiler_options=options))
+                compiled, fallback = compile_with_fallback(
+                    lambda opts: lowered.compile(compiler_options=opts), options, lambda: _emptied(Path(tmp))
+                )
+                memory = DeviceMemory.of(compiled)
         except Exception as exc:
             if _is_temp_full(str(exc)):  # the GPU compiler writes temporary files of its own
                 raise _temp_full(tempfile.gettempdir()) from exc
@@ -276,6 +321,8 @@ def partition(workload: Workload, mesh, stage: str = "partitioned") -> Partition
         lower_seconds=lowered_at - start,
         compile_seconds=compiled_at - lowered_at,
         groups_by_channel=MappingProxyType(mesh_axes_groups_by_channel(module_proto)),
-        memory=memory,
+        memory=memory if memory is None else replace(memory, donated=donated_bytes(workload.args, donated)),
         estimates=MappingProxyType(estimates),
+        donated=donated,
+        compiler_fallback=fallback,
     )

@@ -10,16 +10,19 @@ from dataclasses import dataclass
 class DeviceMemory:
     """Bytes per rank: the arguments (parameter and optimizer shards, the batch), the outputs, the
     temporaries the compiler allocates, and the part of the outputs that reuses argument buffers
-    (donated inputs), which is counted once."""
+    (donated inputs), which is counted once; `donated` is what the donated arguments hold (of
+    which XLA aliases what an output of the same per-rank shape replaces)."""
 
     arguments: int
     outputs: int
     temporaries: int
     aliased: int
+    donated: int = 0
 
     @property
     def peak(self) -> int:
-        """Everything live at once: arguments, outputs and temporaries, aliased bytes once."""
+        """Everything live at once: arguments, temporaries and the outputs that reuse no argument
+        buffer (aliased bytes once). A step that donates its training state needs one copy of it."""
         return self.arguments + self.outputs + self.temporaries - self.aliased
 
     @classmethod
@@ -41,5 +44,6 @@ class DeviceMemory:
             "outputs": self.outputs,
             "temporaries": self.temporaries,
             "aliased": self.aliased,
+            "donated": self.donated,
             "peak": self.peak,
         }

@@ -69,6 +69,8 @@ def extract_command(model: Path, point: Point, output: Path) -> list[str]:
     for option in ("backend", "stage", "strategy", "device", "durations"):
         if option in options:
             command += [f"--{option}", str(options[option])]
+    if "donate" in options:
+        command += ["--donate" if options["donate"] else "--no-donate"]
     if stages := point.pipeline_stages:
         command += ["--pipeline-stages", str(stages)]
         for option in ("schedule", "microbatches", "virtual_stages"):

@@ -35,8 +35,8 @@ import tomllib
 from flint.errors import FlintError
 from flint.mesh import parse_mesh
 
-OPTIONS = ("backend", "stage", "strategy", "device", "network", "durations", "schedule", "microbatches",
-           "virtual_stages")
+OPTIONS = ("backend", "stage", "strategy", "device", "network", "durations", "donate", "schedule",
+           "microbatches", "virtual_stages")
 """What a point may set besides its mesh and model arguments (extract's and simulate's options)."""
 PIPELINE_OPTIONS = ("schedule", "microbatches", "virtual_stages")
 STAGE_AXES = ("pp", "stage")
@@ -100,6 +100,9 @@ def read_spec(path: Path) -> SweepSpec:
         raise FlintError(f"sweep spec {path}: [grid] key {bad[0]!r} is not model_args or one of {', '.join(OPTIONS)}")
     fixed = {k: data[k] for k in OPTIONS if k in data}
     axes = {k: _values(grid[k], k, path) for k in OPTIONS if k in grid}
+    donate = ([fixed["donate"]] if "donate" in fixed else []) + axes.get("donate", [])
+    if not all(isinstance(value, bool) for value in donate):
+        raise FlintError(f"sweep spec {path}: donate must be true or false")
     model_axes = {k: _values(v, f"model_args.{k}", path) for k, v in grid.get("model_args", {}).items()}
     fixed_args = data.get("model_args", {})
     points, skipped = _expand(_meshes(data.get("mesh"), path), fixed, axes, fixed_args, model_axes)

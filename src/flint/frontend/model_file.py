@@ -13,7 +13,9 @@ without editing the file. Nothing is allocated: shapes and shardings
 are all the compiler needs, so a 70B-parameter step fits anywhere. An optional
 `logical_rules(mesh) -> {name: axes}` gives the model's own rules for its logical axis names (or
 Flax's rule table, `(name, axes)` pairs). Inputs may be Flax's boxed parameters as they are (a
-linen `init`'s variables, an nnx state): `flint.layout.flax_names` reads their names.
+linen `init`'s variables, an nnx state): `flint.layout.flax_names` reads their names. An optional
+module-level `donate_argnums = (0, 1)` names the step arguments the program donates, as it would
+pass them to `jax.jit` (`()`: none); without it, each argument an output replaces is donated.
 
 A model file that defines `model()` (an `nn.Module`) instead of `workload` is a PyTorch model; see
 `flint.frontend.torch_model` for that convention. It ends up as the same `Workload`.
@@ -39,6 +41,7 @@ from flint.sharding import LogicalArray, axes_of
 
 ENTRY_POINT = "workload"
 RULES_ENTRY_POINT = "logical_rules"
+DONATE = "donate_argnums"
 
 
 def _where(exc: BaseException, path: Path) -> str:
@@ -112,6 +115,28 @@ def _logical_rules(module, path: Path, mesh):
     return found
 
 
+def _donate_argnums(module, path: Path, count: int) -> tuple[int, ...] | None:
+    """The model's own `donate_argnums` (positions of the step's arguments), or None without one."""
+    if not hasattr(module, DONATE):
+        return None
+    value = getattr(module, DONATE)
+    positions = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(positions, (tuple, list)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in positions
+    ):
+        raise FlintError(
+            f"{path.name}: {DONATE} = {value!r}: give the positions of the donated step arguments, "
+            "e.g. donate_argnums = (0, 1), or () for none"
+        )
+    outside = [i for i in positions if not -count <= i < count]
+    if outside:
+        raise FlintError(
+            f"{path.name}: {DONATE} names argument {outside[0]} but the step takes {count} "
+            f"(positions 0 to {count - 1})"
+        )
+    return tuple(sorted({i % count for i in positions}))
+
+
 def _step_and_args(result: Any, path: Path) -> tuple[Any, Any]:
     """`workload(mesh)`'s result as (step, args), or what is wrong with it."""
     must = f"{path.name}: {ENTRY_POINT}(mesh) must return (step, args)"
@@ -174,5 +199,6 @@ def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None)
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     _check_inputs(args, path)
     return Workload(
-        name=path.stem, path=path, step=step, args=args, rules=_logical_rules(module, path, mesh)
+        name=path.stem, path=path, step=step, args=args, rules=_logical_rules(module, path, mesh),
+        donate=_donate_argnums(module, path, len(args)),
     )

@@ -131,6 +131,8 @@ def load_torch_workload(module, path: Path, mesh, where, model_args: Mapping[str
         return jax.ShapeDtypeStruct(shape, jax_dtype(t.dtype), sharding=sharding)
 
     args = jax.tree_util.tree_map_with_path(abstract, trees)
+    # A training step replaces its parameters and optimizer state, which a real one donates.
+    donate = tuple(i for i, name in enumerate(names) if name in ("params", "opt")) if spec.training else ()
     return Workload(
-        name=path.stem, path=path, step=step, args=tuple(args), tensor_parallel=declared
+        name=path.stem, path=path, step=step, args=tuple(args), tensor_parallel=declared, donate=donate
     )

@@ -20,6 +20,9 @@ class Workload:
     tensor_parallel: Mapping[str, int | None] | None = None
     """Input path -> the dimension the model's own plan splits over the tensor axis (None: kept
     whole), for inputs whose tensor parallelism shape alone cannot decide (PyTorch `tp_plan`)."""
+    donate: tuple[int, ...] | None = None
+    """The step arguments the model says it donates (its `donate_argnums`); None: those an output
+    replaces (`flint.compile.donation`)."""
 
 
 def _key_name(key) -> str:

@@ -55,7 +55,8 @@ def listing(paths: list[str], shown: int = 4) -> str:
     return ", ".join(paths[:shown]) + more
 
 
-def _argument_names(step, count: int) -> list[str]:
+def argument_names(step, count: int) -> list[str]:
+    """The names of the step's first `count` positional arguments (`argN` where it has none)."""
     try:
         parameters = [
             p.name
@@ -114,7 +115,7 @@ def read_inputs(workload: Workload, mesh_axes) -> tuple[list[Input], Any]:
     until the rules are known). A Flax box is one input, named by its own path."""
     import jax
 
-    names = _argument_names(workload.step, len(workload.args))
+    names = argument_names(workload.step, len(workload.args))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(workload.args, is_leaf=is_input_leaf)
     inputs = []
     for keypath, leaf in leaves:
