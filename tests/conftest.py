@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from collections import Counter
 import subprocess
 import sys
@@ -15,12 +16,46 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
+
+
+def device_table(path: Path) -> dict:
+    """A device file's numbers as written, for deriving kernel times by hand."""
+    return tomllib.loads(Path(path).read_text())
+
+
+DEVICES = ROOT / "src" / "flint" / "devices" / "data"
+
+
+def hand_kernel_micros(node: pb.Node, device: dict) -> float:
+    """The calibrated kernel model written out from its formula (README, "Timing and memory"):
+    overhead + max(compute, bytes / (bandwidth x efficiency)); a GEMM at the matrix peak for its
+    operand width x GEMM efficiency x the share of its waves of tiles it fills x k / (k + overhead)."""
+    c = device.get("calibration", {})
+    flops, nbytes = attr_value(node, "num_ops"), attr_value(node, "tensor_size")
+    gemm = next((list(a.int64_list.values) for a in node.attr if a.name == "gemm"), None)
+    bandwidth = device["mem_bw_gbps"] * 1e9
+    if gemm is None:
+        vector = device.get("vector_tflops", device["peak_tflops"]) * 1e12
+        return c["kernel_overhead_us"] + max(flops / vector, nbytes / (bandwidth * c["memory_efficiency"])) * 1e6
+    batch, m, n, k, bits = gemm
+    tile_m, tile_n = c["gemm_tile"]
+    units = device["compute_units"]
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
+    fill = m * n * batch / (math.ceil(tiles / units) * units * tile_m * tile_n)
+    peak = device["peak_tflops"] * 1e12 * (2 if bits <= 8 else 0.5 if bits >= 32 else 1)
+    rate = peak * c["gemm_efficiency"] * fill * k / (k + c["gemm_k_overhead"])
+    return c["kernel_overhead_us"] + max(flops / rate, nbytes / (bandwidth * c["gemm_efficiency"])) * 1e6
 
 
 def load_example(name: str):

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, extract, load_example
+from conftest import DEVICES, EXAMPLES, device_table, extract, hand_kernel_micros, load_example
 
 from flint.devices import BUILTIN
 from flint.schema import et_def_pb2 as pb
@@ -73,6 +73,7 @@ SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "hf_seq2seq", "torc
 """Extraction order, longest first: the Hugging Face models and ResNet take 15 to 40 s, mlp 2 s."""
 
 PEAK_TFLOPS, MEM_GBPS = 989, 3350  # H100 SXM, the gpu:h100 roofline
+H100 = device_table(DEVICES / "h100.toml")
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles\.")
 GPU_TIME = re.compile(r"sys\[(\d+)\], GPU time: (\d+)")
 TEARDOWN_CRASH = {-signal.SIGABRT, -signal.SIGSEGV, 128 + signal.SIGABRT, 128 + signal.SIGSEGV}
@@ -199,8 +200,8 @@ DP, TP = 2, 4
 @pytest.mark.parametrize("example", ["mlp"])
 def test_mlp_compute_time_is_the_sum_of_its_durations(example, traces, simulated):
     """A rank's compute time is the sum of its COMP nodes' replayed durations: 1000 ns per whole
-    µs, 1 ns per kernel of 0 µs (as Flint writes it today: 16 kernels, 22,003 ns). That sum is the
-    exact roofline of its kernels (H100: 989 TFLOP/s, 3,350 GB/s) within the half µs that the
+    µs, 1 ns per kernel of 0 µs. That sum is the exact calibrated time of its kernels on the H100
+    (its device file's numbers, the formula written out in conftest) within the half µs that the
     running rounding of src/flint/emit/durations.py allows, plus those 1 ns floors."""
     run = simulated("mlp")
     run.assert_every_rank_finished()
@@ -210,10 +211,7 @@ def test_mlp_compute_time_is_the_sum_of_its_durations(example, traces, simulated
         durations = [n.duration_micros for n in comps]
         by_hand = 1000 * sum(durations) + durations.count(0)
         assert run.gpu_time[rank] == by_hand, rank
-        exact_ns = sum(
-            max(attr_value(n, "num_ops") / (PEAK_TFLOPS * 1e12), attr_value(n, "tensor_size") / (MEM_GBPS * 1e9))
-            for n in comps
-        ) * 1e9
+        exact_ns = sum(hand_kernel_micros(n, H100) for n in comps) * 1e3
         assert abs(run.gpu_time[rank] - exact_ns) <= 500 + durations.count(0), rank
         # five GEMMs of 2*b*D_MODEL*h FLOPs each dominate: the compute is at least their roofline
         b, h = mlp.BATCH // DP, mlp.D_HIDDEN // TP

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from flint.cli import main
 
-COMMANDS = ("check", "extract", "graph", "inspect", "simulate", "sweep", "timeline", "validate")
+COMMANDS = ("calibrate", "check", "extract", "graph", "inspect", "simulate", "sweep", "timeline", "validate")
 
 
 def help_text(*args: str, columns: int) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, MODELS, flint
+from conftest import EXAMPLES, MODELS, device_table, flint, hand_kernel_micros
 from flint.devices import load_device
 from flint.devices.kernels import calibrated_micros, kernel_micros
 from flint.schema import et_def_pb2 as pb
@@ -82,19 +82,6 @@ def _running_durations(micros: list[float]) -> list[int]:
     return out
 
 
-def _hand_micros(node) -> float:
-    """The calibrated model on the round device, written out from its formula."""
-    flops, nbytes = attr_value(node, "num_ops"), attr_value(node, "tensor_size")
-    gemm = next((list(a.int64_list.values) for a in node.attr if a.name == "gemm"), None)
-    if gemm is None:
-        return 2.0 + max(flops / 10e12, nbytes / (10_000e9 * 0.25)) * 1e6
-    batch, m, n, k, bits = gemm
-    tiles = math.ceil(m / 64) * math.ceil(n / 64) * batch
-    fill = m * n * batch / (math.ceil(tiles / 4) * 4 * 64 * 64)
-    peak = 100e12 * (2 if bits <= 8 else 0.5 if bits >= 32 else 1)
-    return 2.0 + max(flops / (peak * 0.5 * fill * k / (k + 64)), nbytes / (10_000e9 * 0.5)) * 1e6
-
-
 @pytest.fixture(scope="module")
 def mlp_round(tmp_path_factory):
     out = tmp_path_factory.mktemp("round") / "mlp"
@@ -109,7 +96,7 @@ def test_gpu_extraction_writes_the_calibrated_times(mlp_round):
     nodes = [n for n in read_trace(mlp_round / "mlp.0.et").nodes if n.type == pb.COMP_NODE]
     gemms = [n for n in nodes if attr_value(n, "kernel") == "gemm"]
     assert gemms and all(any(a.name == "gemm" for a in n.attr) for n in gemms)
-    hand = [_hand_micros(n) for n in nodes]
+    hand = [hand_kernel_micros(n, device_table(ROUND)) for n in nodes]
     assert [n.duration_micros for n in nodes] == _running_durations(hand)
 
 

@@ -766,7 +766,7 @@ def _branches(count: int) -> str:
 @click.option("--name", help="Name of the fitted device [default: the device's, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
 def calibrate(profile, trace, output, rank, device_spec, name, as_json):
-    """Fit a device's kernel model to a profiled step.
+    """Fit a device to a profiled step.
 
     PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
     trace-event JSON, .json or .json.gz, that jax.profiler writes); TRACE is Flint's trace of the

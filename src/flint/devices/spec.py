@@ -102,7 +102,8 @@ def load_device(spec: str) -> Device:
     except FileNotFoundError:
         raise FlintError(f"device file {spec!r} not found") from None
     except OSError as exc:  # a directory, or a file this user may not read
-        raise FlintError(f"cannot read device file {spec!r}: {exc.strerror}: give a readable file") from None
+        raise FlintError(
+            f"cannot read device file {spec!r}: {exc.strerror}: give a readable .toml or .json file") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise FlintError(f"device file {spec!r} is not valid {path.suffix[1:].upper()}: {exc}") from None
     return _device(data, spec)
@@ -111,7 +112,7 @@ def load_device(spec: str) -> Device:
 def _device(data, origin: str) -> Device:
     try:
         if not isinstance(data, dict):
-            raise TypeError(f"it is a {type(data).__name__}, not a table")
+            raise TypeError(f"it is a {type(data).__name__}, not an object (a table)")
         calibration = data.get("calibration", {})
         if not isinstance(calibration, dict):
             raise TypeError("calibration is not a table")
