@@ -471,7 +471,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, li
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return
-    stdout.print(inspect_view(str(path), summaries))
+    stdout.print(inspect_view(str(path), summaries, compute.label))
 
 
 @main.command()
