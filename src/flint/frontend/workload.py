@@ -20,6 +20,9 @@ class Workload:
     tensor_parallel: Mapping[str, int | None] | None = None
     """Input path -> the dimension the model's own plan splits over the tensor axis (None: kept
     whole), for inputs whose tensor parallelism shape alone cannot decide (PyTorch `tp_plan`)."""
+    expert_parallel: Mapping[str, int] | None = None
+    """Input path -> the dimension the model's expert-parallel plan splits by expert (a
+    `transformers` config's `base_model_ep_plan`), which `--strategy ep` follows."""
 
 
 def _key_name(key) -> str:

@@ -129,7 +129,9 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     inputs, treedef = read_inputs(workload, mesh.axis_names)
     warnings = []
     if request.strategy:
-        rules, preset_warnings = apply_preset(request.strategy, inputs, mesh, workload.tensor_parallel or {})
+        rules, preset_warnings = apply_preset(
+            request.strategy, inputs, mesh, workload.tensor_parallel or {}, workload.expert_parallel or {}
+        )
         warnings += preset_warnings
     for name, axes, origin in request.rules:
         _check_axes(axes, mesh, f"rule {name}={'+'.join(axes)} ({origin})")
