@@ -45,28 +45,51 @@ def dense_experts(module) -> list[str]:
 
 def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Every expert over every token [T, H], weighted by its routing weight (top_k_index and
-    top_k_weights [T, k]; an index of no expert, E or more, weighs nothing)."""
+    top_k_weights [T, k]; an index of no expert, E or more, weighs nothing).
+
+    Every matmul is batched over the experts (E the batch dimension, never merged with a split
+    one). A packed `gate_up_proj` may come as [E, 2, I, H] (`torch_step.packed_shape`): gate and
+    up are then its two halves, each split alike over the tensor axis."""
     import torch
 
     experts = torch.arange(self.num_experts, device=hidden_states.device)
     picked = (top_k_index.unsqueeze(-1) == experts).to(top_k_weights.dtype)  # [T, k, E]
     weights = (picked * top_k_weights.unsqueeze(-1)).sum(1).t().unsqueeze(-1)  # [E, T, 1]
-    x = hidden_states
-    up = self.gate_up_proj if self.has_gate else self.up_proj
-    if self.is_transposed:  # [E, H, out], the transpose of nn.Linear's [E, out, H]
-        h = torch.einsum("th,eho->eto", x, up.to(x.dtype))
+    x = hidden_states.unsqueeze(0).expand(self.num_experts, *hidden_states.shape)  # [E, T, H]
+
+    def linear(a, w):  # [E, T, in] @ w [E, out, in] (or [E, in, out] when transposed)
+        return torch.bmm(a, (w if self.is_transposed else w.transpose(1, 2)).to(a.dtype))
+
+    if self.has_gate:
+        w = self.gate_up_proj
+        default_gate = getattr(type(self)._apply_gate, "__name__", "") == "_default_apply_gate"
+        if w.dim() == 4 and default_gate and getattr(self, "is_concatenated", True):
+            # [E, 2, I, H] or, transposed, [E, H, 2, I]: gate and up apart, as the default gate splits them
+            gate, up = (w[:, :, 0], w[:, :, 1]) if self.is_transposed else (w[:, 0], w[:, 1])
+            g, u = linear(x, gate), linear(x, up)
+            if self.has_bias:
+                bias = self.gate_up_proj_bias.unsqueeze(1)
+                g, u = g + bias[..., : g.shape[-1]], u + bias[..., g.shape[-1] :]
+            h = self.act_fn(g) * u
+        else:
+            if w.dim() == 4:
+                w = w.flatten(2, 3) if self.is_transposed else w.flatten(1, 2)
+            h = linear(x, w)
+            if self.has_bias:
+                h = h + self.gate_up_proj_bias.unsqueeze(1)
+            h = self._apply_gate(h)
     else:
-        h = torch.einsum("th,eoh->eto", x, up.to(x.dtype))
-    if self.has_bias:
-        h = h + (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias).unsqueeze(1)
-    h = self._apply_gate(h) if self.has_gate else self.act_fn(h)  # [E, T, I]
-    down = self.down_proj.to(x.dtype)
-    spec = "eti,eih->eth" if self.is_transposed else "eti,ehi->eth"
-    if self.has_bias or self.has_post_expert_norm:
-        out = torch.einsum(spec, h, down)
+        h = linear(x, self.up_proj)
         if self.has_bias:
-            out = out + self.down_proj_bias.unsqueeze(1)
-        if self.has_post_expert_norm:
-            out = self.post_expert_norm(out)
-        return (out * weights).sum(0).to(hidden_states.dtype)
-    return torch.einsum(spec.replace("->eth", "->th"), h * weights.to(h.dtype), down).to(hidden_states.dtype)
+            h = h + self.up_proj_bias.unsqueeze(1)
+        h = self.act_fn(h)  # [E, T, I]
+    if not (self.has_bias or self.has_post_expert_norm):
+        h = h * weights.to(h.dtype)  # weighted first: the sum over experts then adds plain outputs
+    out = linear(h, self.down_proj)  # [E, T, H]
+    if self.has_bias:
+        out = out + self.down_proj_bias.unsqueeze(1)
+    if self.has_post_expert_norm:
+        out = self.post_expert_norm(out)
+    if self.has_bias or self.has_post_expert_norm:
+        out = out * weights.to(out.dtype)
+    return out.sum(0).to(hidden_states.dtype)

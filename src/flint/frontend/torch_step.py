@@ -196,10 +196,12 @@ def build_step(
     with FakeTensorMode():  # on the CPU: torch-mlir lowers no "meta" device placements
         inputs = [torch.empty(t.shape, dtype=t.dtype) for t in leaves]
     spec.module.train(spec.training)  # inference runs in eval mode: no dropout, BatchNorm's running stats
-    dense_experts(spec.module)  # mixture-of-experts blocks with static shapes (torch_experts)
+    dense = dense_experts(spec.module)  # mixture-of-experts blocks with static shapes (torch_experts)
     own = {"batch": spec.batch, "buffers": dict(spec.module.named_buffers())}
+    # the dense experts read their packed weights as they come; any other module gets its shape back
+    unpack = {n: d for n, d in packed.items() if n.rpartition(".")[0] not in dense}
     step = _torch_step(
-        spec, {arg: {n: t.dtype for n, t in tensors.items()} for arg, tensors in own.items()}, packed
+        spec, {arg: {n: t.dtype for n, t in tensors.items()} for arg, tensors in own.items()}, unpack
     )
     out_tree: list = []
 
