@@ -12,10 +12,11 @@ Flint runs every such block densely instead: every expert computes over every to
 and each token's output is the sum over experts of the expert's output times its routing weight,
 zero for the experts the router did not pick, which is exactly what the block returns. The
 compiled step therefore does E / k times the expert FLOPs of a sparse run (k experts per token),
-and no token is ever dropped: no capacity is assumed. The routing weights scale the activation
-before the down projection, so the down projection contracts experts and features at once
-(`eti,ehi->th`): split over a tensor axis (the features) or an expert axis (the experts), its
-partial sums are reduced once per block, over the tokens' [T, H] activations.
+and no token is ever dropped: no capacity is assumed. Every matmul is batched over the experts
+([E, T, in] x [E, in, out]), so that splitting the experts' features (a tensor axis) or the
+experts themselves (an expert axis) splits the matmuls without gathering any weight; the routing
+weights scale the activation before the down projection (the same sum, as it is linear) and the
+experts' outputs [E, T, H] are then summed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import types
 
 
-def _is_experts(module) -> bool:
+def is_experts(module) -> bool:
     """A `transformers` experts module (`use_experts_implementation`) with weights stacked by expert."""
     down = getattr(module, "down_proj", None)
     return (
@@ -36,7 +37,7 @@ def _is_experts(module) -> bool:
 
 def dense_experts(module) -> list[str]:
     """Run every experts module of `module` by `dense_experts_forward`; return their names."""
-    found = [name for name, sub in module.named_modules() if _is_experts(sub)]
+    found = [name for name, sub in module.named_modules() if is_experts(sub)]
     for name in found:
         sub = module.get_submodule(name)
         sub.forward = types.MethodType(dense_experts_forward, sub)
@@ -48,8 +49,9 @@ def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     top_k_weights [T, k]; an index of no expert, E or more, weighs nothing).
 
     Every matmul is batched over the experts (E the batch dimension, never merged with a split
-    one). A packed `gate_up_proj` may come as [E, 2, I, H] (`torch_step.packed_shape`): gate and
-    up are then its two halves, each split alike over the tensor axis."""
+    one). A packed `gate_up_proj` may come as [E, 2, I, H] (`torch_step.packed_shape`, never for
+    transposed weights): gate and up are then its two halves, each split alike over the tensor
+    axis."""
     import torch
 
     experts = torch.arange(self.num_experts, device=hidden_states.device)
@@ -64,16 +66,15 @@ def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
         w = self.gate_up_proj
         default_gate = getattr(type(self)._apply_gate, "__name__", "") == "_default_apply_gate"
         if w.dim() == 4 and default_gate and getattr(self, "is_concatenated", True):
-            # [E, 2, I, H] or, transposed, [E, H, 2, I]: gate and up apart, as the default gate splits them
-            gate, up = (w[:, :, 0], w[:, :, 1]) if self.is_transposed else (w[:, 0], w[:, 1])
-            g, u = linear(x, gate), linear(x, up)
+            # [E, 2, I, H]: gate and up apart, as the default gate splits them
+            g, u = linear(x, w[:, 0]), linear(x, w[:, 1])
             if self.has_bias:
                 bias = self.gate_up_proj_bias.unsqueeze(1)
                 g, u = g + bias[..., : g.shape[-1]], u + bias[..., g.shape[-1] :]
             h = self.act_fn(g) * u
         else:
             if w.dim() == 4:
-                w = w.flatten(2, 3) if self.is_transposed else w.flatten(1, 2)
+                w = w.flatten(1, 2)
             h = linear(x, w)
             if self.has_bias:
                 h = h + self.gate_up_proj_bias.unsqueeze(1)

@@ -94,10 +94,9 @@ def packed_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
     return (*shape[:dim], 2, shape[dim] // 2, *shape[dim + 1 :])
 
 
-def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]], packed: Mapping[str, int]):
+def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]]):
     """The step as torch code, over {argument name: dict of tensors}; `dtypes` are the model's own
-    dtypes of the batch and buffers, which cross as int32 where they are int64; `packed`
-    parameters cross as `packed_shape` and take the module's shape back before it runs."""
+    dtypes of the batch and buffers, which cross as int32 where they are int64."""
     import jax
     import torch
     from torch.func import functional_call
@@ -114,7 +113,6 @@ def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]], packe
 
     forward = spec.forward or (lambda net, batch: net(**batch))
     objective = Objective(spec.module, spec.loss_fn or forward)
-    shapes = {name: tuple(p.shape) for name, p in spec.module.named_parameters()}
 
     def run(params, args):
         # Copies: a module updating its buffers in place (BatchNorm's running statistics) updates
@@ -123,7 +121,6 @@ def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]], packe
             arg: {name: t.to(dtypes[arg][name], copy=True) for name, t in args[arg].items()}
             for arg in ("batch", "buffers") if arg in args
         }
-        params = {k: v.reshape(shapes[k]) if k in packed else v for k, v in params.items()}
         state = {f"model.{k}": v for k, v in {**params, **own.get("buffers", {})}.items()}
         return functional_call(objective, state, (own["batch"],))
 
@@ -185,7 +182,8 @@ def build_step(
     spec: TorchModel, path: Path, where, packed: Mapping[str, int] | None = None
 ) -> tuple[Callable, list[str], tuple]:
     """(JAX step calling the traced torch step, argument names, abstract argument trees); the
-    `packed` parameters (name -> the dimension packing two parts) are inputs of `packed_shape`."""
+    `packed` parameters (name -> the dimension packing two parts), weights of experts modules
+    (`torch_experts`, which read them so), are inputs of `packed_shape`."""
     import jax
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -197,12 +195,10 @@ def build_step(
         inputs = [torch.empty(t.shape, dtype=t.dtype) for t in leaves]
     spec.module.train(spec.training)  # inference runs in eval mode: no dropout, BatchNorm's running stats
     dense = dense_experts(spec.module)  # mixture-of-experts blocks with static shapes (torch_experts)
+    if any(name.rpartition(".")[0] not in dense for name in packed):
+        raise FlintError(f"{path.name}: only experts' weights are packed: {sorted(packed)}")
     own = {"batch": spec.batch, "buffers": dict(spec.module.named_buffers())}
-    # the dense experts read their packed weights as they come; any other module gets its shape back
-    unpack = {n: d for n, d in packed.items() if n.rpartition(".")[0] not in dense}
-    step = _torch_step(
-        spec, {arg: {n: t.dtype for n, t in tensors.items()} for arg, tensors in own.items()}, unpack
-    )
+    step = _torch_step(spec, {arg: {n: t.dtype for n, t in tensors.items()} for arg, tensors in own.items()})
     out_tree: list = []
 
     def flat(*tensors):

@@ -35,8 +35,9 @@ def plan_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> di
     dimension, a row-wise one the vocabulary. A plan entry may name a parameter (a fused
     `gate_up_proj`): column-wise splits its next-to-last dimension, row-wise its last. Names match
     by `fnmatch` (`layers.*.fc1`), from the root or, as in a `transformers` config's
-    `base_model_tp_plan`, from the base model (`model.layers.*.fc1`). A packed style's parameter
-    also appears in `packed_dims`, which splits each packed part alike. A mixture-of-experts module's style
+    `base_model_tp_plan`, from the base model (`model.layers.*.fc1`). A packed style splits the
+    packed dimension in contiguous blocks, not per packed part, but for stacked experts' weights
+    (`packed_dims`). A mixture-of-experts module's style
     (`MODULE_STYLES`) splits nothing of its own: its stacked weights' entries do (`gate_up_proj`
     [E, 2I, H] packed column-wise: dimension 1; `down_proj` [E, H, I] row-wise: dimension 2). An
     entry matching nothing is refused, except in the model's `own` plan, which names modules that
@@ -84,16 +85,26 @@ def plan_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> di
 
 
 def packed_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> dict[str, int]:
-    """Parameter name -> its packed dimension, for the parameters of `plan`'s packed styles.
+    """Parameter name -> its packed dimension, for the stacked experts' weights of `plan`'s packed
+    styles (`gate_up_proj` of a `transformers` experts module, `torch_experts`).
 
-    As Hugging Face's `packed_colwise` and `packed_rowwise` (a strided shard): a dimension packing
-    two parts (`gate_up_proj`: gate, then up) is split in each part alike, so a rank holds the
-    same features of both. Flint passes such a parameter to the step as that dimension viewed as
-    (2, size / 2) and splits the second. Dimensions as `plan_dims` splits them; a packed
-    dimension of odd size, or a vector under `packed_rowwise`, is not packed."""
-    dims = plan_dims(net, {p: s for p, s in plan.items() if s.startswith("packed_")}, path, own)
-    params = dict(net.named_parameters())
-    return {name: dim for name, dim in dims.items() if dim is not None and params[name].shape[dim] % 2 == 0}
+    As Hugging Face's `packed_colwise` (a strided shard): a dimension packing two parts (gate, then
+    up) is split in each part alike, so a rank holds the same features of both. Flint passes such
+    a parameter to the step as that dimension viewed as (2, size / 2), splits the second, and the
+    experts read it so. Other packed parameters are split in contiguous blocks (`plan_dims`)."""
+    from flint.frontend.torch_experts import is_experts
+
+    dims = plan_dims(net, {p: s for p, s in plan.items() if s == "packed_colwise"}, path, own)
+    params, modules = dict(net.named_parameters()), dict(net.named_modules())
+    return {
+        name: dim
+        for name, dim in dims.items()
+        if dim is not None
+        and name.endswith(".gate_up_proj")
+        and is_experts(modules.get(name.rpartition(".")[0]))
+        and not modules[name.rpartition(".")[0]].is_transposed  # [E, 2I, H], as nn.Linear's
+        and params[name].shape[dim] % 2 == 0
+    }
 
 
 def _matches(pattern: str, modules, params, base: str) -> list[str]:
