@@ -19,9 +19,9 @@ split contraction over I_e leaves them partial; the sum over experts comes after
 input gradients of gate and of up ([E, t, D] each) and the routing weights' gradient [t, E]. Over
 G, the gradients: gate and up apart (E·I_e·D / T each: the packed weight is two step inputs'
 halves), down (E·D·I_e / T) and the router whole (E·D). The attention is Llama's and collects as
-on 2x4 in tests/test_hf_models.py. Besides, the partitioner runs the router's top-k on half of
-each T pair and gathers, per layer over Q (the ranks with the same half of a kv head, as Llama's
-k and v), the [t, E] and [t, k] f32 results.
+on 2x4 in tests/test_hf_models.py. Besides, per layer over Q (the ranks holding the same half of
+a kv head, as for Llama's k and v), two all-gathers of the routing's sizes, [t, E] and [t, k] f32:
+the partitioner computes part of the routing on split halves and gathers it.
 
 Expert parallelism, X the expert group of size ep (each rank E/ep experts) and R the ranks holding
 the same experts (the other axis), one sequence per rank (batch 8, t = S): the partitioner

@@ -21,7 +21,7 @@ from flint.frontend.torch_bridge import require_torch
 from flint.frontend.torch_model import EP_STYLES, MODULE_STYLES, PLAN_STYLES, read_model
 from flint.frontend.torch_step import build_step, jax_dtype
 from flint.frontend.workload import Workload, input_path
-from flint.mesh import axis_named, tensor_axis, ways
+from flint.mesh import EXPERT_AXIS_NAMES, axis_named, tensor_axis, ways
 
 # ------------------------------------------------------------------------------ tensor parallelism
 
@@ -165,9 +165,6 @@ def _mesh_roles(mesh, experts: bool = False) -> tuple[tuple[str, ...], str | Non
 
 
 # ------------------------------------------------------------------------------ the workload
-
-
-EXPERT_AXIS_NAMES = ("expert", "ep")
 
 
 def _tensor_parallel(names: list[str], dims: Mapping[str, int | None]) -> dict[str, int | None]:

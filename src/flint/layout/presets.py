@@ -60,10 +60,9 @@ from dataclasses import dataclass, field
 from flint.errors import FlintError
 from flint.layout.inputs import Input, Layout, listing, model_spec
 from flint.layout.request import Spec
-from flint.mesh import axis_named, tensor_axis, ways
+from flint.mesh import EXPERT_AXIS_NAMES, axis_named, tensor_axis, ways
 
 STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp", "ep")
-EXPERT_AXIS_NAMES = ("expert", "ep")
 TP_LOGICAL_NAMES = ("vocab", "heads", "mlp")
 SEQUENCE_LOGICAL_NAME = "seq"
 EXPERT_LOGICAL_NAME, GROUPS_LOGICAL_NAME = "expert", "groups"
