@@ -100,6 +100,7 @@ def test_own_plans_are_read():
     `grouped_gemm` splits experts (0). Qwen3-MoE's plan names a dense MLP its MoE layers lack."""
     import torch
 
+    from flint.frontend.torch_experts import router_parameters
     from flint.frontend.torch_workload import expert_dims, packed_dims, plan_dims
 
     example = load_example("hf_moe")
@@ -113,6 +114,7 @@ def test_own_plans_are_read():
         assert packed_dims(net, net.tp_plan, MOE, own=True) == {
             f"model.layers.{n}.mlp.experts.gate_up_proj": 1 for n in range(L)
         }
+        assert router_parameters(net) == [f"model.layers.{n}.mlp.gate.weight" for n in range(L)]
         assert expert_dims(net, net.ep_plan, MOE, own=True) == {
             f"model.layers.{n}.mlp.experts.{w}": 0 for n in range(L) for w in ("gate_up_proj", "down_proj")
         }
@@ -152,12 +154,19 @@ def own_plan_collectives(rank: int) -> list:
     return sorted((found + Counter(data + block * L)).elements())
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_own_tensor_parallel_plan_over_2x4(moe, family):
+@pytest.mark.parametrize(
+    "family, strategy",
+    [("mixtral", ()), ("qwen3_moe", ()), ("mixtral", ("--strategy", "dp+tp"))],
+    ids=["mixtral", "qwen3_moe", "mixtral-dp+tp"],
+)
+def test_own_tensor_parallel_plan_over_2x4(moe, family, strategy):
     """Without --strategy: the model's tp_plan, `moe_tp_experts` and packed gate_up included, over
     T = 4; every rank's matmul FLOPs by hand, and for Mixtral every collective (Qwen3-MoE's
-    per-head q and k norms add attention collectives: its expert block's are checked)."""
-    directory = moe(family, "2x4")
+    per-head q and k norms add attention collectives: its expert block's are checked). `--strategy
+    dp+tp` lays Mixtral out the same way: the plan decides what it names, and the routers, which
+    it does not name, stay whole as the plan leaves them (split by shape, [E, D] would be split by
+    expert, and the CPU compiler aborts on the top-k over a split dimension)."""
+    directory = moe(family, "2x4", *strategy)
     t = B // 2 * S
     for rank in range(8):
         flops, found = matmuls_and_collectives(directory, rank)

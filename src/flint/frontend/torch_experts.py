@@ -35,6 +35,22 @@ def is_experts(module) -> bool:
     )
 
 
+def router_parameters(module) -> list[str]:
+    """Names of the routers' parameters: in each block holding experts, those with a leading
+    dimension of E outside the experts (`mlp.gate.weight` [E, H]). Hugging Face's plans leave them
+    whole, and a preset splitting one by shape would split the router's top-k by expert."""
+    found = []
+    for name, sub in module.named_modules():
+        if not is_experts(sub):
+            continue
+        parent, _, child = name.rpartition(".")
+        block = module.get_submodule(parent) if parent else module
+        for pname, p in block.named_parameters():
+            if not pname.startswith(f"{child}.") and p.dim() >= 1 and p.shape[0] == sub.num_experts:
+                found.append(f"{parent}.{pname}" if parent else pname)
+    return found
+
+
 def dense_experts(module) -> list[str]:
     """Run every experts module of `module` by `dense_experts_forward`; return their names."""
     found = [name for name, sub in module.named_modules() if is_experts(sub)]

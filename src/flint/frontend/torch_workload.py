@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.frontend.torch_bridge import require_torch
+from flint.frontend.torch_experts import is_experts, router_parameters
 from flint.frontend.torch_model import EP_STYLES, MODULE_STYLES, PLAN_STYLES, read_model
 from flint.frontend.torch_step import build_step, jax_dtype
 from flint.frontend.workload import Workload, input_path
@@ -92,8 +93,6 @@ def packed_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> 
     up) is split in each part alike, so a rank holds the same features of both. Flint passes such
     a parameter to the step as that dimension viewed as (2, size / 2), splits the second, and the
     experts read it so. Other packed parameters are split in contiguous blocks (`plan_dims`)."""
-    from flint.frontend.torch_experts import is_experts
-
     dims = plan_dims(net, {p: s for p, s in plan.items() if s == "packed_colwise"}, path, own)
     params, modules = dict(net.named_parameters()), dict(net.named_modules())
     return {
@@ -186,6 +185,7 @@ def load_torch_workload(module, path: Path, mesh, where, model_args: Mapping[str
     by_expert = expert_dims(spec.module, spec.ep_plan, path, own="ep_plan" in spec.own_plans)
     packed = packed_dims(spec.module, spec.tp_plan, path, own="tp_plan" in spec.own_plans)
     planned = {name: dim + 1 if name in packed else dim for name, dim in planned.items()}
+    planned.update({name: None for name in router_parameters(spec.module) if name not in planned})
     by_expert = {name: dim + (name in packed and dim >= packed[name]) for name, dim in by_expert.items()}
     step, names, trees = build_step(spec, path, where, packed)
     declared = _tensor_parallel(names, planned)
