@@ -223,3 +223,27 @@ def test_expert_parallel(moe, family, mesh, options, ep, first):
         everyone = Counter(size for kind, size, group in found if kind == AR and len(group) == 8)
         assert not Counter(moe_gradients(1, ep)) - everyone, f"rank {rank}"
     assert check_traces(directory) == []
+
+
+@pytest.mark.parametrize(
+    "style, message",
+    [
+        ("grouped_gemm", "ep_plan entry 'layers.*.mlp.experts' = 'grouped_gemm' matches "
+         "model.layers.0.mlp.experts, a module: name its stacked expert weights"),
+        ("sharded", "ep_plan['layers.*.mlp.experts'] = 'sharded': use one of grouped_gemm, "
+         "moe_tp_experts, ep_dispatch_experts, moe_identity_expert"),
+    ],
+)
+def test_a_files_ep_plan_is_checked_before_tracing(tmp_path, style, message):
+    """A model file's own `ep_plan` replaces the model's; `grouped_gemm` names weights, not modules."""
+    from conftest import flint
+
+    model = tmp_path / "moe_plan.py"
+    model.write_text(
+        f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\n"
+        "from hf_moe import example_inputs, loss_fn, model  # noqa: F401\n"
+        f"ep_plan = {{'layers.*.mlp.experts': {style!r}}}\n"
+    )
+    run = flint("extract", model, "--mesh", "dp=2,ep=4", "--backend", "cpu", "-o", tmp_path / "t")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"error: moe_plan.py: {message}"]
