@@ -66,9 +66,10 @@ EXAMPLE_MESHES = {
     "hf_causal_lm": "2x4",
     "hf_llama_decode": "2x4",
     "hf_seq2seq": "2x4",
+    "hf_moe": "2x4",
     "pipeline_manual": "pp=4",
 }
-SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "hf_seq2seq", "torch_gpt", "pipeline_manual",
+SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "hf_moe", "hf_seq2seq", "torch_gpt", "pipeline_manual",
                  "hf_llama_decode", "fsdp", "gpt", "torch_cnn", "torch_mlp", "decode", "moe", "moe_gshard", "mlp"]
 """Extraction order, longest first: the Hugging Face models and ResNet take 15 to 40 s, mlp 2 s."""
 

@@ -10,6 +10,8 @@ A PyTorch model file defines (see `examples/torch_mlp.py`, `examples/torch_gpt.p
     optimizer_options = {"lr": 3e-4}       # optional, see OPTIMIZER_DEFAULTS
     tp_plan = {"layers.*.fc1": "colwise"}  # optional, PyTorch's tensor-parallel idiom (default:
                                            # a transformers model's own `tp_plan`)
+    ep_plan = {"layers.*.experts.w": "grouped_gemm"}  # optional, experts split over an axis named
+                                           # `ep` or `expert` (default: the model's own `ep_plan`)
     mode = "train"                         # or "forward" (default: "train" when loss_fn exists)
 
 The model's knobs (layers, batch size, a decode or prefill phase) are keyword arguments of `model()`
@@ -58,6 +60,15 @@ PLAN_STYLES: Mapping[str, str | None] = {
         None,
     ),
 }
+# Styles of a module that split none of its parameters: they name the communication around a
+# mixture-of-experts block (`moe_tp_experts`: every rank runs its shard of every expert and the
+# outputs are summed; `ep_dispatch_experts`: tokens are sent to the ranks holding their experts),
+# which the partitioner derives from the parameters' splits, as for the styles above. The stacked
+# experts' own entries (`gate_up_proj`, `down_proj`) say what is split.
+MODULE_STYLES = ("moe_tp_experts", "ep_dispatch_experts", "moe_identity_expert")
+# Expert-parallel styles (`config.base_model_ep_plan`), by the dimension they split over the expert
+# axis: `grouped_gemm` splits stacked experts' weights [E, ...] by expert.
+EP_STYLES: Mapping[str, int] = {"grouped_gemm": 0}
 
 
 def is_torch_model(module) -> bool:
@@ -76,6 +87,11 @@ class TorchModel:
     optimizer: str
     optimizer_options: Mapping[str, Any]
     tp_plan: Mapping[str, str] = field(default_factory=dict)
+    ep_plan: Mapping[str, str] = field(default_factory=dict)
+    own_plans: frozenset[str] = frozenset()
+    """Which of "tp_plan" and "ep_plan" are the model's own (a `transformers` config's), whose
+    entries may name modules this configuration lacks (Qwen3-MoE's names the dense MLP of its
+    `mlp_only_layers`)."""
 
     @property
     def training(self) -> bool:
@@ -158,11 +174,14 @@ def read_model(module, path: Path, where, model_args: Mapping[str, Any] | None =
         forward=getattr(module, "forward", None),
         optimizer=optimizer,
         optimizer_options=options,
-        tp_plan=dict(_own_plan(net) if getattr(module, "tp_plan", None) is None else module.tp_plan),
+        tp_plan=dict(_own_plan(net, "tp_plan") if getattr(module, "tp_plan", None) is None else module.tp_plan),
+        ep_plan=dict(_own_plan(net, "ep_plan") if getattr(module, "ep_plan", None) is None else module.ep_plan),
+        own_plans=frozenset(name for name in ("tp_plan", "ep_plan") if getattr(module, name, None) is None),
     )
 
 
-def _own_plan(net) -> Mapping[str, str]:
-    """A `transformers` model's tensor-parallel plan (its `tp_plan`, keys from the model's root)."""
-    plan = getattr(net, "tp_plan", None)
+def _own_plan(net, name: str) -> Mapping[str, str]:
+    """A `transformers` model's tensor- or expert-parallel plan (its `tp_plan` or `ep_plan`, keys
+    from the model's root)."""
+    plan = getattr(net, name, None)
     return plan if isinstance(plan, Mapping) else {}

@@ -16,6 +16,7 @@ from typing import Any
 
 from flint.errors import FlintError
 from flint.frontend.torch_bridge import LoweringError, to_exported, trace_to_stablehlo
+from flint.frontend.torch_experts import dense_experts
 from flint.frontend.torch_model import TorchModel
 
 
@@ -87,6 +88,12 @@ def _loss(value):
     return loss
 
 
+def packed_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """The shape a parameter packing two parts along `dim` has as a step input: that dimension
+    as (2, size / 2), so that splitting the second of them splits each part alike."""
+    return (*shape[:dim], 2, shape[dim] // 2, *shape[dim + 1 :])
+
+
 def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]]):
     """The step as torch code, over {argument name: dict of tensors}; `dtypes` are the model's own
     dtypes of the batch and buffers, which cross as int32 where they are int64."""
@@ -139,11 +146,16 @@ def _torch_step(spec: TorchModel, dtypes: Mapping[str, Mapping[str, Any]]):
     return train if spec.training else infer
 
 
-def _abstract_args(spec: TorchModel) -> tuple[list[str], list[dict]]:
-    """(argument names, argument trees of torch meta tensors) of the step."""
+def _abstract_args(spec: TorchModel, packed: Mapping[str, int]) -> tuple[list[str], list[dict]]:
+    """(argument names, argument trees of torch meta tensors) of the step; `packed` parameters
+    (name -> packed dimension) as `packed_shape`."""
     import torch
 
-    params = dict(spec.module.named_parameters())
+    params = {
+        name: torch.empty(packed_shape(tuple(p.shape), packed[name]), dtype=p.dtype, device="meta")
+        if name in packed else p
+        for name, p in spec.module.named_parameters()
+    }
     names, trees = ["params"], [params]
     buffers = dict(spec.module.named_buffers())
     if buffers:
@@ -166,17 +178,25 @@ def _signed(step: Callable, names: list[str]) -> Callable:
     return step
 
 
-def build_step(spec: TorchModel, path: Path, where) -> tuple[Callable, list[str], tuple]:
-    """(JAX step calling the traced torch step, argument names, abstract argument trees)."""
+def build_step(
+    spec: TorchModel, path: Path, where, packed: Mapping[str, int] | None = None
+) -> tuple[Callable, list[str], tuple]:
+    """(JAX step calling the traced torch step, argument names, abstract argument trees); the
+    `packed` parameters (name -> the dimension packing two parts), weights of experts modules
+    (`torch_experts`, which read them so), are inputs of `packed_shape`."""
     import jax
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    names, trees = _abstract_args(spec)
+    packed = dict(packed or {})
+    names, trees = _abstract_args(spec, packed)
     leaves, args_tree = jax.tree_util.tree_flatten(tuple(trees))
     with FakeTensorMode():  # on the CPU: torch-mlir lowers no "meta" device placements
         inputs = [torch.empty(t.shape, dtype=t.dtype) for t in leaves]
     spec.module.train(spec.training)  # inference runs in eval mode: no dropout, BatchNorm's running stats
+    dense = dense_experts(spec.module)  # mixture-of-experts blocks with static shapes (torch_experts)
+    if any(name.rpartition(".")[0] not in dense for name in packed):
+        raise FlintError(f"{path.name}: only experts' weights are packed: {sorted(packed)}")
     own = {"batch": spec.batch, "buffers": dict(spec.module.named_buffers())}
     step = _torch_step(spec, {arg: {n: t.dtype for n, t in tensors.items()} for arg, tensors in own.items()})
     out_tree: list = []

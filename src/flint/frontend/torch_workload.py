@@ -18,15 +18,16 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.frontend.torch_bridge import require_torch
-from flint.frontend.torch_model import PLAN_STYLES, read_model
+from flint.frontend.torch_experts import is_experts, router_parameters
+from flint.frontend.torch_model import EP_STYLES, MODULE_STYLES, PLAN_STYLES, read_model
 from flint.frontend.torch_step import build_step, jax_dtype
 from flint.frontend.workload import Workload, input_path
-from flint.mesh import tensor_axis, ways
+from flint.mesh import EXPERT_AXIS_NAMES, axis_named, tensor_axis, ways
 
 # ------------------------------------------------------------------------------ tensor parallelism
 
 
-def plan_dims(net, plan: Mapping[str, str], path: Path) -> dict[str, int | None]:
+def plan_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> dict[str, int | None]:
     """Parameter name -> the dimension the tensor axis splits (None: replicated), from `plan`.
 
     As in `torch.distributed.tensor.parallel` and `transformers`: a column-wise `nn.Linear` splits
@@ -36,7 +37,12 @@ def plan_dims(net, plan: Mapping[str, str], path: Path) -> dict[str, int | None]
     `gate_up_proj`): column-wise splits its next-to-last dimension, row-wise its last. Names match
     by `fnmatch` (`layers.*.fc1`), from the root or, as in a `transformers` config's
     `base_model_tp_plan`, from the base model (`model.layers.*.fc1`). A packed style splits the
-    packed dimension in contiguous blocks, not per packed part. Checked before any tracing.
+    packed dimension in contiguous blocks, not per packed part, but for stacked experts' weights
+    (`packed_dims`). A mixture-of-experts module's style
+    (`MODULE_STYLES`) splits nothing of its own: its stacked weights' entries do (`gate_up_proj`
+    [E, 2I, H] packed column-wise: dimension 1; `down_proj` [E, H, I] row-wise: dimension 2). An
+    entry matching nothing is refused, except in the model's `own` plan, which names modules that
+    some configurations lack. Checked before any tracing.
     """
     import torch
 
@@ -44,15 +50,17 @@ def plan_dims(net, plan: Mapping[str, str], path: Path) -> dict[str, int | None]
     modules, params = dict(net.named_modules()), dict(net.named_parameters())
     base = getattr(net, "base_model_prefix", "")
     for pattern, style in plan.items():
-        if style not in PLAN_STYLES:
+        if style not in PLAN_STYLES and style not in MODULE_STYLES:
             raise FlintError(
-                f"{path.name}: tp_plan[{pattern!r}] = {style!r}: use one of {', '.join(PLAN_STYLES)}"
+                f"{path.name}: tp_plan[{pattern!r}] = {style!r}: use one of "
+                f"{', '.join([*PLAN_STYLES, *MODULE_STYLES])}"
             )
-        split = PLAN_STYLES[style]
-        patterns = [pattern] + ([f"{base}.{pattern}"] if base and base in modules else [])
-        matched = [n for n in [*modules, *params] if n and any(fnmatch.fnmatchcase(n, p) for p in patterns)]
-        if not matched:
+        matched = _matches(pattern, modules, params, base)
+        if not matched and not own:
             raise FlintError(f"{path.name}: tp_plan entry {pattern!r} matches no module or parameter of model()")
+        if style in MODULE_STYLES:
+            continue
+        split = PLAN_STYLES[style]
         for name in matched:
             if name in params:
                 dims[name] = _parameter_dim(split, params[name].dim())
@@ -77,6 +85,60 @@ def plan_dims(net, plan: Mapping[str, str], path: Path) -> dict[str, int | None]
     return dims
 
 
+def packed_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> dict[str, int]:
+    """Parameter name -> its packed dimension, for the stacked experts' weights of `plan`'s packed
+    styles (`gate_up_proj` of a `transformers` experts module, `torch_experts`).
+
+    As Hugging Face's `packed_colwise` (a strided shard): a dimension packing two parts (gate, then
+    up) is split in each part alike, so a rank holds the same features of both. Flint passes such
+    a parameter to the step as that dimension viewed as (2, size / 2), splits the second, and the
+    experts read it so. Other packed parameters are split in contiguous blocks (`plan_dims`)."""
+    dims = plan_dims(net, {p: s for p, s in plan.items() if s == "packed_colwise"}, path, own)
+    params, modules = dict(net.named_parameters()), dict(net.named_modules())
+    return {
+        name: dim
+        for name, dim in dims.items()
+        if dim is not None
+        and name.endswith(".gate_up_proj")
+        and is_experts(modules.get(name.rpartition(".")[0]))
+        and not modules[name.rpartition(".")[0]].is_transposed  # [E, 2I, H], as nn.Linear's
+        and params[name].shape[dim] % 2 == 0
+    }
+
+
+def _matches(pattern: str, modules, params, base: str) -> list[str]:
+    """Names of the modules and parameters `pattern` matches, from the root or the base model."""
+    patterns = [pattern] + ([f"{base}.{pattern}"] if base and base in modules else [])
+    return [n for n in [*modules, *params] if n and any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def expert_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> dict[str, int]:
+    """Parameter name -> the dimension the expert axis splits, from an expert-parallel `plan` (a
+    `transformers` config's `base_model_ep_plan`): `grouped_gemm` splits a stacked expert weight
+    [E, ...] by expert; a module's style (`ep_dispatch_experts`) splits nothing of its own."""
+    dims: dict[str, int] = {}
+    modules, params = dict(net.named_modules()), dict(net.named_parameters())
+    base = getattr(net, "base_model_prefix", "")
+    for pattern, style in plan.items():
+        if style not in EP_STYLES and style not in MODULE_STYLES:
+            raise FlintError(
+                f"{path.name}: ep_plan[{pattern!r}] = {style!r}: use one of {', '.join([*EP_STYLES, *MODULE_STYLES])}"
+            )
+        matched = _matches(pattern, modules, params, base)
+        if not matched and not own:
+            raise FlintError(f"{path.name}: ep_plan entry {pattern!r} matches no module or parameter of model()")
+        if style in MODULE_STYLES:
+            continue
+        for name in matched:
+            if name not in params:
+                raise FlintError(
+                    f"{path.name}: ep_plan entry {pattern!r} = {style!r} matches {name}, a module: name "
+                    "its stacked expert weights"
+                )
+            dims[name] = EP_STYLES[style]
+    return dims
+
+
 def _parameter_dim(split: str | None, ndim: int) -> int | None:
     """The split dimension of a parameter named by the plan: column-wise its output features (the
     next-to-last dimension, a vector's only one), row-wise its input features (the last; a vector
@@ -86,13 +148,19 @@ def _parameter_dim(split: str | None, ndim: int) -> int | None:
     return ndim - 1 if split == "rowwise" or ndim == 1 else ndim - 2
 
 
-def _mesh_roles(mesh) -> tuple[tuple[str, ...], str | None]:
-    """(data axes, tensor axis) of the model's own layout."""
+def _mesh_roles(mesh, experts: bool = False) -> tuple[tuple[str, ...], str | None, str | None]:
+    """(data axes, tensor axis, expert axis) of the model's own layout.
+
+    The expert axis is one named `expert` or `ep`, when the model has an expert-parallel plan
+    (`experts`); it is a data axis as well (each of its ranks holds other tokens), and the tensor
+    axis is chosen among the other axes (none when only one is left: it is all data)."""
     names = tuple(mesh.axis_names)
-    if len(names) == 1:
-        return names, None
-    tensor = tensor_axis(names)
-    return tuple(n for n in names if n != tensor), tensor
+    expert = axis_named(names, EXPERT_AXIS_NAMES, "") if experts else ""
+    others = tuple(n for n in names if n != expert)
+    if len(others) <= 1 and (expert or len(names) == 1):
+        return names, None, expert or None
+    tensor = tensor_axis(others)
+    return tuple(n for n in names if n != tensor), tensor, expert or None
 
 
 # ------------------------------------------------------------------------------ the workload
@@ -113,10 +181,17 @@ def load_torch_workload(module, path: Path, mesh, where, model_args: Mapping[str
 
     require_torch(path.name)
     spec = read_model(module, path, where, model_args)
-    planned = plan_dims(spec.module, spec.tp_plan, path)
-    step, names, trees = build_step(spec, path, where)
+    planned = plan_dims(spec.module, spec.tp_plan, path, own="tp_plan" in spec.own_plans)
+    by_expert = expert_dims(spec.module, spec.ep_plan, path, own="ep_plan" in spec.own_plans)
+    packed = packed_dims(spec.module, spec.tp_plan, path, own="tp_plan" in spec.own_plans)
+    planned = {name: dim + 1 if name in packed else dim for name, dim in planned.items()}
+    planned.update({name: None for name in router_parameters(spec.module) if name not in planned})
+    by_expert = {name: dim + (name in packed and dim >= packed[name]) for name, dim in by_expert.items()}
+    step, names, trees = build_step(spec, path, where, packed)
     declared = _tensor_parallel(names, planned)
-    data, tensor = _mesh_roles(mesh)
+    data, tensor, expert = _mesh_roles(mesh, experts=bool(by_expert))
+    experts = {path: dim for path, dim in _tensor_parallel(names, by_expert).items() if dim is not None}
+    expert_split = experts if expert else {}
     data_ways = ways(mesh, data)
 
     def abstract(keypath, t):
@@ -127,6 +202,8 @@ def load_torch_workload(module, path: Path, mesh, where, model_args: Mapping[str
             entries[0] = data
         if tensor is not None and declared.get(path) is not None:
             entries[declared[path]] = tensor
+        if path in expert_split and shape[expert_split[path]] % mesh.shape[expert] == 0:
+            entries[expert_split[path]] = expert
         sharding = NamedSharding(mesh, P(*entries))
         return jax.ShapeDtypeStruct(shape, jax_dtype(t.dtype), sharding=sharding)
 
@@ -134,5 +211,6 @@ def load_torch_workload(module, path: Path, mesh, where, model_args: Mapping[str
     # A training step replaces its parameters and optimizer state, which a real one donates.
     donate = tuple(i for i, name in enumerate(names) if name in ("params", "opt")) if spec.training else ()
     return Workload(
-        name=path.stem, path=path, step=step, args=tuple(args), tensor_parallel=declared, donate=donate
+        name=path.stem, path=path, step=step, args=tuple(args), tensor_parallel=declared,
+        expert_parallel=experts, donate=donate,
     )

@@ -157,7 +157,7 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     meant: set[str] = set()
     if request.strategy:
         rules, preset_warnings, meant = apply_preset(
-            request.strategy, inputs, mesh, workload.tensor_parallel or {}
+            request.strategy, inputs, mesh, workload.tensor_parallel or {}, workload.expert_parallel or {}
         )
         warnings += preset_warnings
     for name, axes, origin in request.rules:

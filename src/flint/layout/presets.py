@@ -18,7 +18,9 @@ Presets apply by shape and position, so they need no annotations at all:
   parameter group stacked along its first dimension (experts `[E, D, F]`) is split along it, other
   parameters are replicated, the batch is split over every axis (the others first). Logical names:
   `expert` to the expert axis, `groups` (the token groups of tokens dispatched to experts) to the
-  other axes. Meant for mixture-of-experts models (on a dense model it splits stacked layers);
+  other axes. Meant for mixture-of-experts models (on a dense model it splits stacked layers). A
+  model's declared expert split (`Workload.expert_parallel`, a `transformers` `ep_plan`) decides
+  for the weights it names instead of the stacking rule;
 - FSDP splits over the axis named `fsdp` when there is one (`--mesh dp=2,fsdp=4,tp=2`), else over
   all the data axes.
 
@@ -58,10 +60,9 @@ from dataclasses import dataclass, field
 from flint.errors import FlintError
 from flint.layout.inputs import Input, Layout, listing, model_spec
 from flint.layout.request import Spec
-from flint.mesh import axis_named, tensor_axis, ways
+from flint.mesh import EXPERT_AXIS_NAMES, axis_named, tensor_axis, ways
 
 STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp", "ep")
-EXPERT_AXIS_NAMES = ("expert", "ep")
 TP_LOGICAL_NAMES = ("vocab", "heads", "mlp")
 SEQUENCE_LOGICAL_NAME = "seq"
 EXPERT_LOGICAL_NAME, GROUPS_LOGICAL_NAME = "expert", "groups"
@@ -177,6 +178,8 @@ class _Plan:
     """Input path -> the dimension the model's plan (`tp_plan`) splits over the tensor axis."""
     own: Mapping[str, int | None]
     """Input path -> the dimension the model's own layout splits over the tensor axis."""
+    experts: Mapping[str, int] = field(default_factory=dict)
+    """Input path -> the dimension the model's plan (`ep_plan`) splits by expert."""
     ambiguous: list[str] = field(default_factory=list)
     """Weights whose first and last dimensions are both D, placed by shape for want of a plan."""
     whole_batch: list[str] = field(default_factory=list)
@@ -210,7 +213,11 @@ def _preset_spec(item: Input, plan: _Plan) -> Spec:
             plan.whole_batch.append(f"{item.path} ({item.shape[0]} rows)")
         return tuple(spec)
     first = 1 if item.path in plan.stacked else 0
-    if first and roles.expert and item.shape[0] % ways(mesh, roles.expert) == 0:
+    if roles.expert and item.path in plan.experts:
+        split = plan.experts[item.path]
+        if item.shape[split] % ways(mesh, roles.expert) == 0:
+            spec[split] = roles.expert
+    elif first and roles.expert and item.shape[0] % ways(mesh, roles.expert) == 0:
         spec[0] = roles.expert
     dims = list(range(first, rank))
     if roles.tensor:
@@ -246,7 +253,11 @@ def strategies_using(axis: str, mesh) -> list[str]:
 
 
 def apply_preset(
-    strategy: str, inputs: list[Input], mesh, declared: Mapping[str, int | None]
+    strategy: str,
+    inputs: list[Input],
+    mesh,
+    declared: Mapping[str, int | None],
+    experts: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, tuple[str, ...]], list[str], set[str]]:
     """Lay every input out by `strategy`; return its logical rules, its warnings and the mesh axes
     it meant to split the batch over but could not (a warning says so)."""
@@ -260,7 +271,7 @@ def apply_preset(
         for item in inputs
         if item.origin == "model"
     }
-    plan = _Plan(roles, mesh, width, stacked, declared, own)
+    plan = _Plan(roles, mesh, width, stacked, declared, own, dict(experts or {}))
     for item in inputs:
         item.spec = _preset_spec(item, plan)
         item.origin = f"strategy {strategy}"
