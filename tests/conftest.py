@@ -24,6 +24,12 @@ except ModuleNotFoundError:  # Python 3.10
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
 
+# Tests that run Flint's stages in this process share one JAX, whose CPU backend is made once, by
+# whichever test starts it first: with the 8 devices of the 2x4 meshes those tests build.
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
