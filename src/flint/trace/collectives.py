@@ -104,17 +104,31 @@ class CollectiveModel:
 
     # -- one message ---------------------------------------------------------------------------
 
-    def message_ns(self, src: int, dst: int, nbytes: float) -> float:
-        """One message from NPU `src` to `dst`: on the lowest dimension their addresses differ in."""
-        if src == dst:
-            return self.endpoint_ns
-        dims = self.network.dimensions
+    def route(self, src: int, dst: int) -> tuple[int, int] | None:
+        """The dimension a message from NPU `src` to `dst` travels on (the lowest one their
+        addresses differ in) and its hops there; None from an NPU to itself."""
         a, b = src, dst
-        for dim in dims:
+        for index, dim in enumerate(self.network.dimensions):
             (a, ca), (b, cb) = divmod(a, dim.npus), divmod(b, dim.npus)
             if ca != cb:
-                return self.endpoint_ns + _hop_ns(dim, ca, cb, nbytes)
-        return self.endpoint_ns
+                if dim.topology == "Switch":
+                    return index, 2
+                if dim.topology == "Ring":
+                    distance = (cb - ca) % dim.npus
+                    return index, min(distance, dim.npus - distance)
+                return index, 1
+        return None
+
+    def routed_ns(self, route: tuple[int, int] | None, nbytes: float) -> float:
+        """One message of `nbytes` on `route` (see `route`), ns."""
+        if route is None:
+            return self.endpoint_ns
+        dim = self.network.dimensions[route[0]]
+        return self.endpoint_ns + route[1] * dim.latency_ns + nbytes / (dim.bandwidth_gbps * GIB) * 1e9
+
+    def message_ns(self, src: int, dst: int, nbytes: float) -> float:
+        """One message from NPU `src` to `dst`: on the lowest dimension their addresses differ in."""
+        return self.routed_ns(self.route(src, dst), nbytes)
 
     def transfer_micros(self, src: int, dst: int, nbytes: float) -> float:
         """A SEND/RECV of `nbytes` from rank `src` to `dst`, in µs."""
@@ -124,22 +138,35 @@ class CollectiveModel:
 
     def collective_micros(self, comm_type: int, nbytes: int, ranks: Sequence[int]) -> float:
         """A collective of `nbytes` (Chakra's `comm_size`) over `ranks`, in µs."""
-        members = tuple(sorted(ranks))
-        if len(members) < 2 or comm_type not in TIMED:
+        if len(ranks) < 2 or comm_type not in TIMED:
             return 0.0
-        return self._collective_ns(comm_type, int(nbytes), members) / 1e3
+        return self.shaped_micros(comm_type, nbytes, self.ring_shape(ranks))
 
-    def _collective_ns(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
-        key = (comm_type, nbytes, members)
+    def ring_shape(self, ranks: Sequence[int]) -> tuple | None:
+        """What a collective's time depends on besides its kind and size: the route of each hop of
+        the ring over a group's members in rank order, or None for a group of every rank (which
+        runs hierarchically over the dimensions). Groups of one shape take the same time."""
+        if len(ranks) >= self.network.npus:
+            return None
+        key = ("shape", ranks if isinstance(ranks, tuple) else tuple(ranks))
+        shape = self._cache.get(key)
+        if shape is None:
+            members = sorted(key[1])
+            shape = self._cache[key] = tuple(self.route(a, b) for a, b in zip(members, members[1:] + members[:1]))
+        return shape
+
+    def shaped_micros(self, comm_type: int, nbytes: int, shape: tuple | None) -> float:
+        """A collective of `nbytes` over a group of `shape` (see `ring_shape`), in µs."""
+        key = (comm_type, int(nbytes), shape)
         if key not in self._cache:
-            self._cache[key] = _collective_ns(self, comm_type, nbytes, members)
+            self._cache[key] = _collective_ns(self, comm_type, int(nbytes), shape) / 1e3
         return self._cache[key]
 
-    def phases(self, comm_type: int, members: tuple[int, ...]) -> list[tuple[int, tuple[int, ...] | None, int]]:
-        """The ring phases of a collective: (comm type, the ring's members or None for a network
+    def phases(self, comm_type: int, shape: tuple | None) -> list[tuple[int, tuple | None, int]]:
+        """The ring phases of a collective: (comm type, the ring's hop routes or None for a network
         dimension's own ring, that dimension or -1)."""
-        if len(members) < self.network.npus:
-            return [(comm_type, members, -1)]
+        if shape is not None:
+            return [(comm_type, shape, -1)]
         dims = [d for d, dim in enumerate(self.network.dimensions) if dim.npus > 1]
         if comm_type == pb.ALL_GATHER:
             return [(pb.ALL_GATHER, None, d) for d in reversed(dims)]
@@ -156,9 +183,9 @@ class CollectiveModel:
         chunk = max(chunk, 1)
         return chunk, max(1, math.ceil(nbytes / chunk))
 
-    def ring_ns(self, comm_type: int, chunk: int, hops: Sequence[tuple[int, int]], n: int) -> float:
-        """One ring phase over `n` members of a `chunk`; `hops` are the (sender, receiver) NPU
-        pairs round the ring (for a dimension's own ring, one representative pair)."""
+    def ring_ns(self, comm_type: int, chunk: int, hops: Sequence[tuple[int, int] | None], n: int) -> float:
+        """One ring phase over `n` members of a `chunk`; `hops` are the routes round the ring (for
+        a dimension's own ring, one representative)."""
         if comm_type == pb.ALL_REDUCE:
             steps, message, reducing = 2 * (n - 1), chunk // n, n - 1
         elif comm_type == pb.REDUCE_SCATTER:
@@ -167,25 +194,24 @@ class CollectiveModel:
             steps, message, reducing = n - 1, chunk, 0
         else:
             steps, message, reducing = n * (n - 1) // 2, chunk // n, 0
-        times = [self.message_ns(a, b, message) for a, b in hops]
+        times = [self.routed_ns(route, message) for route in hops]
         total = _slowest_window(times, steps)
         if reducing and self.mem_bw_gbps:
             total += reducing * 3 * math.floor(message / self.mem_bw_gbps)  # ns: bytes / (GB/s)
         return total
 
 
-def _collective_ns(model: CollectiveModel, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
+def _collective_ns(model: CollectiveModel, comm_type: int, nbytes: int, shape: tuple | None) -> float:
     chunk, count = model.chunks(comm_type, nbytes)
     stages = []
     size = chunk
-    for kind, ring, dim in model.phases(comm_type, members):
+    for kind, ring, dim in model.phases(comm_type, shape):
         if ring is not None:
-            hops = list(zip(ring, ring[1:] + ring[:1]))
-            n = len(ring)
+            hops, n = ring, len(ring)
         else:
             n = model.network.dimensions[dim].npus
             stride = math.prod(d.npus for d in model.network.dimensions[:dim])
-            hops = [(0, stride)]
+            hops = [model.route(0, stride)]
         stages.append((dim, model.ring_ns(kind, size, hops, n)))
         size = _FINAL[kind](size, n)
     return _pipeline(stages, count, model.active)
@@ -234,14 +260,3 @@ def _slowest_window(times: Sequence[float], steps: int) -> float:
         window += doubled[i + rest - 1] - doubled[i - 1]
         best = max(best, window)
     return base + best
-
-
-def _hop_ns(dim, a: int, b: int, nbytes: float) -> float:
-    if dim.topology == "Switch":
-        hops = 2
-    elif dim.topology == "Ring":
-        distance = (b - a) % dim.npus
-        hops = min(distance, dim.npus - distance)
-    else:
-        hops = 1
-    return hops * dim.latency_ns + nbytes / (dim.bandwidth_gbps * GIB) * 1e9
