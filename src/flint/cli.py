@@ -600,7 +600,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
         plot_ranks(scheduled, plot, f"{directory.name}: one step, {scheduled.step:,.1f} µs")
     if as_json:
         click.echo(json.dumps({"step_us": scheduled.step,
-                               "ranks": [r.as_json() for r in scheduled.ranks]}, indent=2))
+                               "ranks": [r.as_json() for r in scheduled.every_rank()]}, indent=2))
         return
     stdout.print(timeline_view(scheduled))
     stdout.print(f"wrote {output}" + (f" and {plot}" if plot else ""))

@@ -18,6 +18,16 @@ communication threads as transfers overlap. Flow arrows join each SEND to the RE
 the members of each collective across ranks, in rank order; a pipelined trace's nodes are grouped
 under a parent slice per pipeline unit (`F3.0`, `B3.0`, `U.0`, from their names); and the trace's
 metadata (`otherData`) holds each rank's summary.
+
+**One rank per class.** Flint's emitter writes ranks that run the same work (the same nodes and
+dependencies, differing only in group ids and peers) as one class, recorded in the manifest's
+`rank_totals`. Above `FULL_SCHEDULE_MAX_RANKS` ranks, only the first rank of each class is
+scheduled: a collective starts when the representative of every class its group holds has reached
+it (groups matched by their shape: the ranks' offsets from the group's lowest), and takes as long
+as the slowest group of that shape on the network; a SEND meets the RECV of its peer's class
+(matched by the two classes and the tag). Every rank of a class then has its representative's
+times. Where the manifest records no classes, or a class's first and last rank files differ in
+shape, every rank is scheduled.
 """
 
 from __future__ import annotations
@@ -39,10 +49,19 @@ from flint.trace.reader import (
     attr_value,
     attribute_value,
     enum_name,
+    locate_traces,
+    parse_trace_name,
+    read_manifest,
+    read_trace,
     read_trace_set,
     transfer_peers,
 )
+from flint.trace.collectives import TIMED
 from flint.trace.timing import NodeTimer, group_id
+
+FULL_SCHEDULE_MAX_RANKS = 64
+"""Above this many ranks, a trace whose manifest records rank classes is scheduled one rank per
+class (see the module docstring)."""
 
 COMPUTE, COMM, UNIT = "compute", "comm", "unit"
 SEND_RECV, COLLECTIVE = "send/recv", "collective"
@@ -101,6 +120,17 @@ class Timeline:
     ranks: list[RankTime]
     transfers: list[tuple[Member, Member]] = field(default_factory=list)
     collectives: list[tuple[Member, ...]] = field(default_factory=list)
+    represents: dict[int, list[int]] | None = None
+    """Scheduled one rank per class: each scheduled rank -> every rank of its class."""
+
+    def every_rank(self) -> list[RankTime]:
+        """Each rank's times, in rank order: a class's ranks take their representative's."""
+        if self.represents is None:
+            return list(self.ranks)
+        by_rank = {r.rank: r for r in self.ranks}
+        every = [RankTime(member, t.step, t.compute, t.communication, t.exposed)
+                 for rep, members in self.represents.items() for t in (by_rank[rep],) for member in members]
+        return sorted(every, key=lambda r: r.rank)
 
     @property
     def step(self) -> float:
@@ -109,14 +139,21 @@ class Timeline:
 
 def load_timeline(
     directory: str | os.PathLike[str], prefix: str | None, timer_for,
-    groups_file: str | os.PathLike[str] | None = None,
+    groups_file: str | os.PathLike[str] | None = None, by_class: bool | None = None,
 ) -> Timeline:
     """Check and read a trace directory (its groups from `groups_file` where one is named), then
-    schedule it.
+    schedule it: one rank per class where `by_class` (default: above `FULL_SCHEDULE_MAX_RANKS`
+    ranks, where the manifest records classes), else every rank.
 
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
+    if by_class is not False:
+        files = locate_traces(directory, prefix, groups_file=groups_file)
+        if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
+            classes = _rank_classes(directory, files)
+            if classes is not None:
+                return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks))
     violations = [v for v in check_traces(directory, prefix, groups_file=groups_file) if v.is_error]
     if violations:
         raise FlintError(
@@ -198,9 +235,20 @@ class _Simulation:
             self.dispatch(now)
         self._check_all_ran()
 
+    def duration(self, rank: _Rank, node: pb.Node) -> float:
+        return self.timer.micros(node)
+
+    def collective_key(self, rank: _Rank, node_id: int) -> tuple[tuple, int]:
+        """Which instance of which collective a node is, and how many ranks must reach it."""
+        key = self.instance[rank.rank][node_id]
+        return key, self.members[key[0]]
+
+    def transfer_key(self, rank: _Rank, node: pb.Node) -> tuple:
+        return (*transfer_peers(node, rank.rank), attr_value(node, "comm_tag"))
+
     def start(self, rank: _Rank, node_id: int, now: float, stream: str) -> None:
         node = rank.nodes[node_id]
-        duration = self.timer.micros(node)
+        duration = self.duration(rank, node)
         name = node.name or f"{enum_name(pb.NodeType, node.type)} {node_id}"
         self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, _args(node)))
         heapq.heappush(self.events, (now + duration, rank.rank, node_id))
@@ -221,9 +269,9 @@ class _Simulation:
             heapq.heappush(rank.ready, (now, node_id))
             self.touched.add(rank.rank)
         elif node.type == pb.COMM_COLL_NODE:
-            key = self.instance[rank.rank][node_id]
+            key, needed = self.collective_key(rank, node_id)
             self.arrived[key].append((rank.rank, node_id))
-            if len(self.arrived[key]) == self.members[key[0]]:
+            if len(self.arrived[key]) == needed:
                 members = tuple(sorted(self.arrived.pop(key)))
                 self.collectives.append(members)
                 for member, member_node in members:
@@ -232,7 +280,7 @@ class _Simulation:
             self._point_to_point(rank, node, now)
 
     def _point_to_point(self, rank: _Rank, node: pb.Node, now: float) -> None:
-        key = (*transfer_peers(node, rank.rank), attr_value(node, "comm_tag"))
+        key = self.transfer_key(rank, node)
         here = (rank.rank, node.id)
         if node.type == pb.COMM_SEND_NODE:
             self.start(rank, node.id, now, COMM)
@@ -430,3 +478,112 @@ def _rank_summaries(timeline: Timeline) -> list[dict[str, Any]]:
 
 def _meta(kind: str, pid: int, tid: int, **args) -> dict[str, Any]:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+# -- one rank per class ----------------------------------------------------------------------------
+
+
+def _rank_classes(directory, files) -> list[list[int]] | None:
+    """The manifest's classes of ranks (each a list of ranks), or None where it records none, they
+    do not cover every rank once, or a class's first and last rank files differ in shape."""
+    prefix = parse_trace_name(files.paths[0])[0]
+    try:
+        manifest = read_manifest(directory, prefix) or {}
+    except Exception:  # an unreadable manifest: schedule every rank, whose check says why
+        return None
+    totals = manifest.get("rank_totals")
+    if not isinstance(totals, list) or not totals:
+        return None
+    classes: list[list[int]] = []
+    try:
+        for entry in totals:
+            ranks = [r for lo, hi in entry["ranks"] for r in range(int(lo), int(hi) + 1)]
+            classes.append(ranks)
+    except (KeyError, TypeError, ValueError):
+        return None
+    every = sorted(r for ranks in classes for r in ranks)
+    if every != list(range(files.num_ranks)) or len(files.paths) != files.num_ranks:
+        return None
+    by_rank = {parse_trace_name(path)[1]: path for path in files.paths}
+    for ranks in classes:
+        if len(ranks) > 1 and _shape(read_trace(by_rank[ranks[0]])) != _shape(read_trace(by_rank[ranks[-1]])):
+            return None
+    return classes
+
+
+def _shape(trace: RankTrace) -> list[tuple]:
+    return [(n.id, n.type, tuple(n.ctrl_deps), tuple(n.data_deps)) for n in trace.nodes]
+
+
+def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer) -> Timeline:
+    by_rank = {parse_trace_name(path)[1]: path for path in files.paths}
+    traces = [read_trace(by_rank[ranks[0]]) for ranks in classes]
+    class_of = {}
+    for index, ranks in enumerate(classes):
+        for rank in ranks:
+            class_of[rank] = index
+    simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of)
+    simulation.run()
+    slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
+    pieces: dict[int, list[Slice]] = defaultdict(list)
+    for piece in slices:
+        pieces[piece.rank].append(piece)
+    return Timeline(
+        slices,
+        [_rank_time(t.rank, pieces[t.rank]) for t in traces],
+        simulation.transfers,
+        simulation.collectives,
+        {ranks[0]: list(ranks) for ranks in classes},
+    )
+
+
+class _ClassSimulation(_Simulation):
+    """The representatives of the classes, each standing for its class (see the module docstring)."""
+
+    def __init__(self, traces, groups, timer: NodeTimer, classes: list[list[int]], class_of: dict[int, int]):
+        super().__init__(traces, groups, timer)
+        self.class_of = class_of
+        self.num_classes = len(classes)
+        self.pattern: dict[int, tuple] = {}      # group -> its offsets from its lowest rank
+        self.siblings: dict[tuple, list[int]] = defaultdict(list)  # offsets -> the groups of that shape
+        for group, ranks in groups.items():
+            low = min(ranks) if ranks else 0
+            offsets = tuple(sorted(r - low for r in ranks))
+            self.pattern[group] = offsets
+            self.siblings[offsets].append(group)
+        self.pattern[ALL_RANKS] = ("all",)
+        self.class_keys = {rank_id: self._instances(rank) for rank_id, rank in self.ranks.items()}
+        self.classes_in: dict[int, int] = {}
+        self.shapes: dict[tuple, list] = {}
+
+    def _instances(self, rank: _Rank) -> dict[int, tuple]:
+        by_pattern: dict[tuple, list[int]] = defaultdict(list)
+        for node_id in sorted(rank.nodes):
+            if rank.nodes[node_id].type == pb.COMM_COLL_NODE:
+                by_pattern[self.pattern.get(group_id(rank.nodes[node_id]), ("missing",))].append(node_id)
+        return {node_id: (pattern, index) for pattern, ids in by_pattern.items() for index, node_id in enumerate(ids)}
+
+    def collective_key(self, rank: _Rank, node_id: int) -> tuple[tuple, int]:
+        group = group_id(rank.nodes[node_id])
+        if group not in self.classes_in:
+            members = range(len(self.class_of)) if group == ALL_RANKS else self.timer.groups.get(group, ())
+            self.classes_in[group] = len({self.class_of[m] for m in members if m in self.class_of}) or 1
+        return self.class_keys[rank.rank][node_id], self.classes_in[group]
+
+    def transfer_key(self, rank: _Rank, node: pb.Node) -> tuple:
+        src, dst = transfer_peers(node, rank.rank)
+        return (self.class_of.get(src, src), self.class_of.get(dst, dst), attr_value(node, "comm_tag"))
+
+    def duration(self, rank: _Rank, node: pb.Node) -> float:
+        """A collective takes as long as the slowest group of its shape; the rest as timed."""
+        model = self.timer.collectives
+        group = group_id(node) if node.type == pb.COMM_COLL_NODE else None
+        if model is None or group is None or group == ALL_RANKS or group not in self.pattern:
+            return self.timer.micros(node)
+        comm_type, size = attr_value(node, "comm_type"), attr_value(node, "comm_size")
+        if not (isinstance(comm_type, int) and isinstance(size, int)) or comm_type not in TIMED:
+            return self.timer.micros(node)
+        offsets = self.pattern[group]
+        if offsets not in self.shapes:
+            self.shapes[offsets] = list({model.ring_shape(self.timer.groups[g]) for g in self.siblings[offsets]})
+        return max(model.shaped_micros(comm_type, size, shape) for shape in self.shapes[offsets])

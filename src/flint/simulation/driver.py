@@ -180,5 +180,5 @@ def estimate(request: SimulateRequest, compute: Compute, model: CollectiveModel
         request.groups,
     )
     ranks = [RankResult(r.rank, wall=r.step * 1e3, compute=r.compute * 1e3, communication=r.communication * 1e3,
-                        overlap=(r.communication - r.exposed) * 1e3, finished=True) for r in timeline.ranks]
+                        overlap=(r.communication - r.exposed) * 1e3, finished=True) for r in timeline.every_rank()]
     return timeline.step, ranks
