@@ -148,7 +148,8 @@ def from_extraction(summary: dict) -> dict[str, Any]:
 
 def from_simulation(result: dict) -> dict[str, Any]:
     slowest = next((r for r in result["per_rank"] if r["rank"] == result["slowest_rank"]), {})
-    simulated, estimated = result["step_us"], result["timeline_estimate_us"]
+    simulated = result["step_us"] if result.get("engine") == "astra-sim" else None
+    estimated = result["timeline_estimate_us"]
     return {
         "simulated_step_us": simulated,
         "estimated_step_us": estimated,
