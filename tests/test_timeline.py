@@ -26,7 +26,7 @@ from flint.analysis.timeline import COMM, COMPUTE, load_timeline, to_trace_event
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.timing import Compute, Link, NodeTimer
+from flint.trace.timing import Compute, Link, NodeTimer, reader_collectives
 
 DEVICE = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)
 LINK = Link(bandwidth_gbps=1.0, latency_us=2.0)
@@ -128,7 +128,17 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     run = flint("timeline", directory, "-o", out, "--plot", png, "--device", device,
                 "--link-gbps", "1", "--link-latency-us", "2", "--json")
     assert run.returncode == 0, run.stderr
-    assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([18, 19])
+    # --link-gbps/--link-latency-us: one fully connected link, timed as flint simulate times it
+    collectives = reader_collectives(None, None, 2, 1.0, 2.0)
+    expected = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(DEVICE, "roofline"), LINK, groups,
+                                                                          n, collectives))
+    assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])
+    # by hand: the 4,000-byte all-reduce in 4 chunks of 1,000 bytes, 2 at a time, each 2 steps of
+    # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay: from 6 µs on rank 0; then its SEND
+    # of 2,000 bytes
+    step = 2 * (0.01 + 2.0 + 500 / 2**30 * 1e6)
+    send = 0.01 + 2.0 + 2000 / 2**30 * 1e6
+    assert expected.ranks[0].step == pytest.approx(6 + 2 * step + send)
     assert json.loads(out.read_text())["traceEvents"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
