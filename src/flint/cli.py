@@ -678,13 +678,16 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
 @click.option("--keep-traces", is_flag=True, help="Keep each point's trace and simulator files.")
 @click.option("--astra-sim", "simulator", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
               help="ASTRA-sim to simulate each point with [default: $ASTRA_SIM, else astra-sim on PATH; "
-                   "without one, points are ranked by flint timeline's estimate].")
+                   "without one, or above 2,048 ranks, points are ranked by Flint's estimator].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="Points in the ranking.")
+@click.option("--finalists", type=click.IntRange(min=1), metavar="K",
+              help="Rank every point by Flint's estimator, then run ASTRA-sim on the best K only; the "
+                   "ranking shows both steps.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Draw step time against memory per rank with the Pareto front (PNG, SVG, PDF; matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print every point's record as JSON, in grid order.")
-def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator, top, plot, as_json):
+def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator, top, finalists, plot, as_json):
     """Explore layouts: extract and simulate a grid of points.
 
     SPEC is a TOML file naming a model file and the grid: meshes (listed, or every factorization of
@@ -702,7 +705,7 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
     from flint.exploration.view import sweep_view
 
     request = SweepRequest(spec=spec, output=output, jobs=jobs, ray=ray_address, retry_failed=retry_failed,
-                           keep_traces=keep_traces, simulator=simulator)
+                           keep_traces=keep_traces, simulator=simulator, finalists=finalists)
     stopped = signal.SIGINT
 
     def terminate(signum, frame) -> NoReturn:

@@ -80,15 +80,16 @@ def extract_command(model: Path, point: Point, output: Path) -> list[str]:
 
 
 def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = None,
-              keep_traces: bool = False, processes: Processes | None = None) -> dict[str, Any]:
-    """Extract, schedule and (where ASTRA-sim is) simulate `point` in `workdir`; its record."""
+              keep_traces: bool = False, processes: Processes | None = None, engine: str = "auto") -> dict[str, Any]:
+    """Extract, schedule and simulate `point` in `workdir` (by `engine`, as `flint simulate
+    --engine`); its record."""
     processes = processes or Processes()
     started = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
     trace = workdir / "trace"
     record = base_record(point)
     try:
-        record |= _extract_and_simulate(model, point, trace, simulator, processes)
+        record |= _extract_and_simulate(model, point, trace, simulator, processes, engine)
     finally:
         if not keep_traces:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -97,7 +98,7 @@ def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = 
 
 
 def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str | None,
-                          processes: Processes) -> dict[str, Any]:
+                          processes: Processes, engine: str = "auto") -> dict[str, Any]:
     started = time.perf_counter()
     extracted = processes.run(extract_command(model, point, trace))
     record: dict[str, Any] = {"extract_seconds": round(time.perf_counter() - started, 3)}
@@ -105,7 +106,8 @@ def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str
         status = "skipped" if extracted.returncode == BAD_INPUT else "failed"
         return record | {"status": status, "reason": _one_line(extracted.stderr, extracted.returncode)}
     record |= from_extraction(json.loads(extracted.stdout))
-    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator)
+    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
+                              engine=engine)
     try:
         simulated = simulate(request).as_json()
     except FlintError as exc:
@@ -144,6 +146,18 @@ def from_extraction(summary: dict) -> dict[str, Any]:
         "device_memory_bytes": device,
         "fits": None if peak is None or not device else peak <= device,
     }
+
+
+def simulate_finalist(point: Point, trace: Path, simulator: str) -> dict[str, Any]:
+    """ASTRA-sim's step for a point the estimator ranked among the best (its trace kept), as the
+    fields it adds to the point's record."""
+    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
+                              engine="astra-sim", estimate=False, output=trace.parent / "astra-sim")
+    try:
+        result = simulate(request).as_json()
+    except FlintError as exc:
+        return {"finalist_reason": f"simulate: {exc}"[:300]}
+    return {"simulated_step_us": result["step_us"]}
 
 
 def from_simulation(result: dict) -> dict[str, Any]:
