@@ -603,6 +603,10 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
                                "ranks": [r.as_json() for r in scheduled.every_rank()]}, indent=2))
         return
     stdout.print(timeline_view(scheduled))
+    if scheduled.represents is not None:
+        ranks = sum(len(members) for members in scheduled.represents.values())
+        stdout.print(f"{ranks:,} ranks in {len(scheduled.represents):,} classes: one rank of each scheduled, "
+                     "standing for its class")
     stdout.print(f"wrote {output}" + (f" and {plot}" if plot else ""))
 
 
