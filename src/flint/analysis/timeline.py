@@ -504,7 +504,7 @@ def _rank_classes(directory, files) -> list[list[int]] | None:
     every = sorted(r for ranks in classes for r in ranks)
     if every != list(range(files.num_ranks)) or len(files.paths) != files.num_ranks:
         return None
-    by_rank = {parse_trace_name(path)[1]: path for path in files.paths}
+    by_rank = _paths_by_rank(files)
     for ranks in classes:
         if len(ranks) > 1 and _shape(read_trace(by_rank[ranks[0]])) != _shape(read_trace(by_rank[ranks[-1]])):
             return None
@@ -515,8 +515,28 @@ def _shape(trace: RankTrace) -> list[tuple]:
     return [(n.id, n.type, tuple(n.ctrl_deps), tuple(n.data_deps)) for n in trace.nodes]
 
 
+class _PathsInOrder:
+    """`files.paths` as rank -> path where they are in rank order (checked on each look-up), so
+    that 131,072 names need not all be parsed."""
+
+    def __init__(self, paths):
+        self.paths = paths
+        self.parsed: dict[int, object] | None = None
+
+    def __getitem__(self, rank: int):
+        if self.parsed is None and rank < len(self.paths) and parse_trace_name(self.paths[rank])[1] == rank:
+            return self.paths[rank]
+        if self.parsed is None:
+            self.parsed = {parse_trace_name(path)[1]: path for path in self.paths}
+        return self.parsed[rank]
+
+
+def _paths_by_rank(files) -> _PathsInOrder:
+    return _PathsInOrder(files.paths)
+
+
 def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer) -> Timeline:
-    by_rank = {parse_trace_name(path)[1]: path for path in files.paths}
+    by_rank = _paths_by_rank(files)
     traces = [read_trace(by_rank[ranks[0]]) for ranks in classes]
     class_of = {}
     for index, ranks in enumerate(classes):
