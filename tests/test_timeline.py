@@ -149,3 +149,55 @@ def test_cli_refuses_a_trace_that_breaks_the_contract(tmp_path: Path) -> None:
     run = flint("timeline", trace.write(tmp_path), "-o", tmp_path / "step.json")
     assert run.returncode == 2
     assert "breaks the trace contract" in run.stderr and "send-recv-match" in run.stderr
+
+
+def two_stages() -> TraceSet:
+    """Ranks 0, 1 (stage 0): compute, all-reduce on their pair, SEND to rank + 2, all-gather on all;
+    ranks 2, 3 (stage 1): RECV from rank - 2, compute, all-reduce on their pair, all-gather on all."""
+    trace = TraceSet(groups={"1": [0, 1], "2": [2, 3], "3": [0, 1, 2, 3]})
+
+    def coll(node_id, kind, size, group, deps):
+        return make_node(node_id, pb.COMM_COLL_NODE, deps, comm_type=("int64_val", kind),
+                         comm_size=("int64_val", size), pg_name=("string_val", group))
+
+    def transfer(node_id, send, src, dst, deps):
+        return make_node(node_id, pb.COMM_SEND_NODE if send else pb.COMM_RECV_NODE, deps,
+                         comm_src=("int32_val", src), comm_dst=("int32_val", dst), comm_tag=("int32_val", 5),
+                         comm_size=("int64_val", 1 << 20))
+
+    for rank in range(4):
+        trace.metadata[rank] = pb.GlobalMetadata(version="0.0.4")
+        if rank < 2:
+            trace.nodes[rank] = [compute(1, 3_000_000, 1000), coll(2, pb.ALL_REDUCE, 1 << 22, "1", (1,)),
+                                 transfer(3, True, rank, rank + 2, (2,)), coll(4, pb.ALL_GATHER, 1 << 16, "3", (3,))]
+        else:
+            trace.nodes[rank] = [transfer(1, False, rank - 2, rank, ()), compute(2, 5_000_000, 1000, (1,)),
+                                 coll(3, pb.ALL_REDUCE, 1 << 22, "2", (2,)), coll(4, pb.ALL_GATHER, 1 << 16, "3", (3,))]
+    return trace
+
+
+def test_one_rank_per_class_gives_every_rank_its_full_schedule(tmp_path: Path) -> None:
+    """With the manifest's rank classes (the two stages), scheduling ranks 0 and 2 alone gives each
+    rank the times the full schedule gives it."""
+    directory = two_stages().write(tmp_path)
+    (directory / "manifest.json").write_text(json.dumps({
+        "name": "flint", "ranks": 4, "mesh": {"shape": [2, 2], "axis_names": ["pp", "data"]},
+        "rank_totals": [{"ranks": [[0, 1]]}, {"ranks": [[2, 3]]}],
+    }))
+    collectives = reader_collectives("hgx", None, 4)
+
+    def timer(groups, n):
+        return NodeTimer(Compute(DEVICE, "roofline"), LINK, groups, n, collectives)
+
+    full = load_timeline(directory, None, timer, by_class=False)
+    by_class = load_timeline(directory, None, timer, by_class=True)
+    assert by_class.represents == {0: [0, 1], 2: [2, 3]} and len(by_class.ranks) == 2
+    def times(ranks):
+        return [value for r in ranks for value in (r.rank, r.step, r.compute, r.communication, r.exposed)]
+
+    assert times(by_class.every_rank()) == pytest.approx(times(full.ranks))
+    assert by_class.step == pytest.approx(full.step) and full.step > 8  # waits on the RECV's compute
+    # a class whose first and last files differ in shape is not trusted: every rank is scheduled
+    (directory / "manifest.json").write_text(json.dumps({"name": "flint", "ranks": 4,
+                                                         "rank_totals": [{"ranks": [[0, 3]]}]}))
+    assert load_timeline(directory, None, timer, by_class=True).represents is None
