@@ -22,7 +22,7 @@ import pytest
 from conftest import flint
 from test_trace_contract import TraceSet, make_node, set_attr
 
-from flint.analysis.timeline import COMM, COMPUTE, load_timeline, to_trace_events
+from flint.analysis.timeline import COMM, COMPUTE, RankTime, Slice, Timeline, load_timeline, to_trace_events
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
@@ -94,15 +94,26 @@ def test_trace_event_json_busy_time_is_the_sum_of_node_times(tmp_path: Path) -> 
 
 
 def test_overlapping_transfers_get_their_own_thread(tmp_path: Path) -> None:
+    """A RECV never waits for the communication stream: on rank 1 it runs alongside a collective
+    that rank 0 joins late, each on a thread of its own."""
     trace = two_ranks()
-    # a second, independent all-reduce on both ranks runs alongside the first one
-    trace.nodes[0].append(all_reduce(7, (1,)))
-    trace.nodes[1].append(all_reduce(7, (1,)))
+    # rank 0 joins all-reduce 7 after its SEND (14-18); rank 1 issues it at 14, after all-reduce 3,
+    # while its RECV (14-18) runs
+    trace.nodes[0].append(all_reduce(7, (4,)))
+    trace.nodes[1].append(all_reduce(7, (3,)))
     timeline = load_timeline(trace.write(tmp_path), None, timer_for)
+    got = {(s.rank, s.node_id): (s.start, s.end) for s in timeline.slices}
+    assert got[1, 5] == (14, 18) and got[1, 7] == (18, 26)
     events = to_trace_events(timeline, {})["traceEvents"]
     comm = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["cat"] == COMM]
     lanes = {e["args"]["id"]: e["tid"] for e in comm}
-    assert lanes[3] != lanes[7]
+    assert lanes[3] == lanes[5] == lanes[7]  # back to back: one thread
+    # a RECV beside a collective (its SEND from a rank outside the collective): two threads
+    beside = Timeline([Slice(1, 5, "recv", COMM, 14, 4), Slice(1, 7, "all-reduce", COMM, 15, 8)],
+                      [RankTime(1, 23, 0, 9, 9)])
+    lanes = {e["args"].get("id", e["name"]): e["tid"] for e in to_trace_events(beside, {})["traceEvents"]
+             if e["ph"] == "X"}
+    assert lanes == {"recv": 1, "all-reduce": 2}
 
 
 def test_collectives_waiting_on_each_other_in_a_cycle_are_reported(tmp_path: Path) -> None:
@@ -134,10 +145,10 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
                                                                           n, collectives))
     assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])
     # by hand: the 4,000-byte all-reduce in 4 chunks of 1,000 bytes, 2 at a time, each 2 steps of
-    # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay: from 6 µs on rank 0; then its SEND
+    # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay a step: from 6 µs on rank 0; then its SEND
     # of 2,000 bytes
     step = 2 * (0.01 + 2.0 + 500 / 2**30 * 1e6)
-    send = 0.01 + 2.0 + 2000 / 2**30 * 1e6
+    send = 2.0 + 2000 / 2**30 * 1e6  # a SEND has no endpoint delay
     assert expected.ranks[0].step == pytest.approx(6 + 2 * step + send)
     assert json.loads(out.read_text())["traceEvents"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

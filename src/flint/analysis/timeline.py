@@ -1,18 +1,21 @@
 """One step of a trace set on a timeline: a quick look before spending hours in ASTRA-sim.
 
 Every rank's graph is list-scheduled, all ranks together, by a deterministic discrete-event
-simulation with node times from `flint.trace.timing` (roofline compute, alpha-beta communication):
+simulation with node times from `flint.trace.timing` (the trace's compute durations, communication
+timed on the network as ASTRA-sim times it), issuing nodes as ASTRA-sim's workload layer does:
 
 - a node becomes ready when all its ctrl and data dependencies have finished;
-- each rank has one compute stream: COMP and MEM nodes run one at a time, the ready node that became
-  ready first (then the lowest id) going next;
-- communication does not queue behind other communication (ASTRA-sim keeps several collectives in
-  flight too), but it waits for its partners: a collective starts when the last member of its group
-  reaches it (matched per group in node-id order, as the contract requires), and a RECV starts no
-  earlier than its SEND (matched by source, destination and tag), so it cannot finish before it.
+- each rank has one compute stream: COMP and MEM nodes run one at a time, the ready one with the
+  lowest id going next;
+- and one communication stream: collectives and SENDs run one at a time, the ready one with the
+  lowest id going next, while RECVs never wait for it. Communication also waits for its partners: a
+  collective starts when the last member of its group issues it (matched per group in node-id
+  order, as the contract requires) and holds its members' streams until it ends; a RECV starts no
+  earlier than its SEND (matched by source, destination and tag) and ends when the SEND's message
+  arrives: at once if it already has.
 
-Each node is one slice of exactly its own duration, so a rank's busy time is the sum of its node
-times; waiting for partners shows up as gaps. The result converts to Chrome trace-event JSON
+Each node is one slice of its own duration (a RECV's: until its message arrives), so a rank's busy
+time is the sum of its node times; waiting for partners shows up as gaps. The result converts to Chrome trace-event JSON
 (`ui.perfetto.dev`, `chrome://tracing`): one process per rank, a compute thread and as many
 communication threads as transfers overlap. Flow arrows join each SEND to the RECV it matched and
 the members of each collective across ranks, in rank order; a pipelined trace's nodes are grouped
@@ -197,6 +200,8 @@ class _Rank:
                 self.dependents[dep].append(node.id)
         self.ready: list[tuple[float, int]] = []
         self.computing = False
+        self.comm_ready: list[int] = []
+        self.communicating = False
         self.finished: set[int] = set()
 
 
@@ -246,17 +251,24 @@ class _Simulation:
     def transfer_key(self, rank: _Rank, node: pb.Node) -> tuple:
         return (*transfer_peers(node, rank.rank), attr_value(node, "comm_tag"))
 
-    def start(self, rank: _Rank, node_id: int, now: float, stream: str) -> None:
+    def start(self, rank: _Rank, node_id: int, now: float, stream: str, arrives: float | None = None) -> float:
+        """Start a node now; it lasts its own time, or, a RECV whose message `arrives` at a known
+        time, until then. Returns when it ends."""
         node = rank.nodes[node_id]
-        duration = self.duration(rank, node)
+        duration = self.duration(rank, node) if arrives is None else max(0.0, arrives - now)
         name = node.name or f"{enum_name(pb.NodeType, node.type)} {node_id}"
         self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, _args(node)))
         heapq.heappush(self.events, (now + duration, rank.rank, node_id))
+        return now + duration
 
     def finish(self, rank: _Rank, node_id: int, now: float) -> None:
         rank.finished.add(node_id)
-        if rank.nodes[node_id].type in _COMPUTE_TYPES:
+        node_type = rank.nodes[node_id].type
+        if node_type in _COMPUTE_TYPES:
             rank.computing = False
+            self.touched.add(rank.rank)
+        elif node_type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
+            rank.communicating = False
             self.touched.add(rank.rank)
         for dependent in rank.dependents.pop(node_id, ()):
             rank.waiting[dependent] -= 1
@@ -266,9 +278,17 @@ class _Simulation:
     def ready(self, rank: _Rank, node_id: int, now: float) -> None:
         node = rank.nodes[node_id]
         if node.type in _COMPUTE_TYPES:
-            heapq.heappush(rank.ready, (now, node_id))
+            heapq.heappush(rank.ready, (0.0, node_id))
             self.touched.add(rank.rank)
-        elif node.type == pb.COMM_COLL_NODE:
+        elif node.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
+            heapq.heappush(rank.comm_ready, node_id)
+            self.touched.add(rank.rank)
+        else:
+            self.issue(rank, node_id, now)
+
+    def issue(self, rank: _Rank, node_id: int, now: float) -> None:
+        node = rank.nodes[node_id]
+        if node.type == pb.COMM_COLL_NODE:
             key, needed = self.collective_key(rank, node_id)
             self.arrived[key].append((rank.rank, node_id))
             if len(self.arrived[key]) == needed:
@@ -283,28 +303,34 @@ class _Simulation:
         key = self.transfer_key(rank, node)
         here = (rank.rank, node.id)
         if node.type == pb.COMM_SEND_NODE:
-            self.start(rank, node.id, now, COMM)
+            arrives = self.start(rank, node.id, now, COMM)
             if self.recvs_waiting[key]:
                 receiver, recv_id = self.recvs_waiting[key].popleft()
                 self.transfers.append((here, (receiver, recv_id)))
                 self.start(self.ranks[receiver], recv_id, now, COMM)
             else:
-                self.sends_started[key].append(here)
+                self.sends_started[key].append((here, arrives))
         elif self.sends_started[key]:
-            # that SEND started no later than now
-            self.transfers.append((self.sends_started[key].popleft(), here))
-            self.start(rank, node.id, now, COMM)
+            # that SEND started no later than now: the RECV ends when its message arrives (now, if
+            # it already has), as in ASTRA-sim
+            send, arrives = self.sends_started[key].popleft()
+            self.transfers.append((send, here))
+            self.start(rank, node.id, now, COMM, arrives)
         else:
             self.recvs_waiting[key].append(here)
 
     def dispatch(self, now: float) -> None:
-        for rank_id in sorted(self.touched):
-            rank = self.ranks[rank_id]
-            if not rank.computing and rank.ready:
-                _, node_id = heapq.heappop(rank.ready)
-                rank.computing = True
-                self.start(rank, node_id, now, COMPUTE)
-        self.touched.clear()
+        while self.touched:
+            touched, self.touched = sorted(self.touched), set()
+            for rank_id in touched:
+                rank = self.ranks[rank_id]
+                if not rank.computing and rank.ready:
+                    _, node_id = heapq.heappop(rank.ready)
+                    rank.computing = True
+                    self.start(rank, node_id, now, COMPUTE)
+                if not rank.communicating and rank.comm_ready:
+                    rank.communicating = True
+                    self.issue(rank, heapq.heappop(rank.comm_ready), now)
 
     def _check_all_ran(self) -> None:
         for rank in self.ranks.values():

@@ -6,8 +6,8 @@ beside ASTRA-sim's result) and `flint sweep` time communication here, on the net
 `--system` file may override). It follows ASTRA-sim's analytical, congestion-unaware backend:
 
 - **A message** from NPU a to NPU b travels on the lowest network dimension in which their
-  addresses differ and takes `hops * latency + bytes / bandwidth` there, plus the system's
-  `endpoint-delay` (ns). Hops: 2 on a Switch (up and down), 1 on FullyConnected, the shorter way
+  addresses differ and takes `hops * latency + bytes / bandwidth` there, plus, within a collective,
+  the system's `endpoint-delay` (ns); a SEND/RECV is one such message without it. Hops: 2 on a Switch (up and down), 1 on FullyConnected, the shorter way
   round on a Ring. Bandwidth is in GB/s of 2^30 bytes, as ASTRA-sim reads its network file.
 - **Chunks**: a collective of S bytes is split into `preferred-dataset-splits` chunks of
   floor(S / splits) bytes (at least the machine's NPU count, except for an all-gather); each
@@ -131,8 +131,9 @@ class CollectiveModel:
         return self.routed_ns(self.route(src, dst), nbytes)
 
     def transfer_micros(self, src: int, dst: int, nbytes: float) -> float:
-        """A SEND/RECV of `nbytes` from rank `src` to `dst`, in µs."""
-        return self.message_ns(src, dst, nbytes) / 1e3
+        """A SEND/RECV of `nbytes` from rank `src` to `dst`, in µs: one message, without the
+        collectives' endpoint delay (ASTRA-sim sends it straight to the network)."""
+        return (self.message_ns(src, dst, nbytes) - self.endpoint_ns) / 1e3
 
     # -- collectives ----------------------------------------------------------------------------
 
