@@ -22,7 +22,17 @@ import pytest
 from conftest import flint
 from test_trace_contract import TraceSet, make_node, set_attr
 
-from flint.analysis.timeline import COMM, COMPUTE, RankTime, Slice, Timeline, load_timeline, to_trace_events
+from flint.analysis.timeline import (
+    AS_ASTRA_SIM,
+    COMM,
+    COMPUTE,
+    READY_FIRST,
+    RankTime,
+    Slice,
+    Timeline,
+    load_timeline,
+    to_trace_events,
+)
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
@@ -142,7 +152,7 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     # --link-gbps/--link-latency-us: one fully connected link, timed as flint simulate times it
     collectives = reader_collectives(None, None, 2, 1.0, 2.0)
     expected = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(DEVICE, "roofline"), LINK, groups,
-                                                                          n, collectives))
+                                                                          n, collectives), issue=AS_ASTRA_SIM)
     assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])
     # by hand: the 4,000-byte all-reduce in 4 chunks of 1,000 bytes, 2 at a time, each 2 steps of
     # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay a step: from 6 µs on rank 0; then its SEND

@@ -575,7 +575,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     reaches them, a RECV no earlier than its SEND: the step flint simulate --engine flint gives.
     Refuses a trace that breaks the contract (see `flint check`).
     """
-    from flint.analysis.timeline import load_timeline, to_trace_events
+    from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline, to_trace_events
     from flint.analysis.views import timeline_view
     from flint.trace.timing import Link, NodeTimer, reader_collectives
 
@@ -587,7 +587,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     scheduled = load_timeline(
         directory, prefix,
         lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, collectives),
-        groups_file,
+        groups_file, issue=AS_ASTRA_SIM,
     )
     metadata = {"trace": str(directory), "compute": compute.label, "network": collectives.network.as_json()}
     try:

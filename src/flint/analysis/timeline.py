@@ -1,18 +1,22 @@
 """One step of a trace set on a timeline: a quick look before spending hours in ASTRA-sim.
 
 Every rank's graph is list-scheduled, all ranks together, by a deterministic discrete-event
-simulation with node times from `flint.trace.timing` (the trace's compute durations, communication
-timed on the network as ASTRA-sim times it), issuing nodes as ASTRA-sim's workload layer does:
+simulation with node times from `flint.trace.timing`:
 
 - a node becomes ready when all its ctrl and data dependencies have finished;
-- each rank has one compute stream: COMP and MEM nodes run one at a time, the ready one with the
-  lowest id going next;
-- and one communication stream: collectives and SENDs run one at a time, the ready one with the
-  lowest id going next, while RECVs never wait for it. Communication also waits for its partners: a
-  collective starts when the last member of its group issues it (matched per group in node-id
-  order, as the contract requires) and holds its members' streams until it ends; a RECV starts no
+- each rank has one compute stream: COMP and MEM nodes run one at a time;
+- communication waits for its partners: a collective starts when the last member of its group
+  issues it (matched per group in node-id order, as the contract requires); a RECV starts no
   earlier than its SEND (matched by source, destination and tag) and ends when the SEND's message
-  arrives: at once if it already has.
+  arrives: at once if it already has, as in ASTRA-sim.
+
+Two issue orders. `READY_FIRST` (the library's default): the compute stream takes the node that
+became ready first (then the lowest id), and communication never queues behind other
+communication. `AS_ASTRA_SIM` (what `flint timeline` and `flint simulate --engine flint` use, so
+that their step is ASTRA-sim's): as ASTRA-sim's workload layer issues nodes, the compute stream
+takes the ready node with the lowest id, and each rank also has one communication stream on which
+collectives and SENDs run one at a time, lowest id first (a collective holds it until it ends);
+RECVs never wait for it.
 
 Each node is one slice of its own duration (a RECV's: until its message arrives), so a rank's busy
 time is the sum of its node times; waiting for partners shows up as gaps. The result converts to Chrome trace-event JSON
@@ -62,6 +66,8 @@ from flint.trace.reader import (
 from flint.trace.collectives import TIMED
 from flint.trace.timing import NodeTimer, group_id
 
+READY_FIRST, AS_ASTRA_SIM = "ready-first", "as-astra-sim"
+"""The orders in which a rank's ready nodes issue (see the module docstring)."""
 FULL_SCHEDULE_MAX_RANKS = 64
 """Above this many ranks, a trace whose manifest records rank classes is scheduled one rank per
 class (see the module docstring)."""
@@ -143,10 +149,12 @@ class Timeline:
 def load_timeline(
     directory: str | os.PathLike[str], prefix: str | None, timer_for,
     groups_file: str | os.PathLike[str] | None = None, by_class: bool | None = None,
+    issue: str = READY_FIRST,
 ) -> Timeline:
     """Check and read a trace directory (its groups from `groups_file` where one is named), then
     schedule it: one rank per class where `by_class` (default: above `FULL_SCHEDULE_MAX_RANKS`
-    ranks, where the manifest records classes), else every rank.
+    ranks, where the manifest records classes), else every rank; nodes issue in the `issue` order
+    (`READY_FIRST` or `AS_ASTRA_SIM`, see the module docstring).
 
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
@@ -156,7 +164,7 @@ def load_timeline(
         if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
             classes = _rank_classes(directory, files)
             if classes is not None:
-                return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks))
+                return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue)
     violations = [v for v in check_traces(directory, prefix, groups_file=groups_file) if v.is_error]
     if violations:
         raise FlintError(
@@ -164,14 +172,14 @@ def load_timeline(
             f"{violations[0]}): run `flint check {directory}`"
         )
     traces, groups = read_trace_set(directory, prefix, groups_file)
-    return schedule(traces, groups, timer_for(groups, len(traces)))
+    return schedule(traces, groups, timer_for(groups, len(traces)), issue)
 
 
 def schedule(
-    traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer
+    traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer, issue: str = READY_FIRST,
 ) -> Timeline:
     """Schedule every rank of a contract-abiding trace set (see the module docstring)."""
-    simulation = _Simulation(traces, groups, timer)
+    simulation = _Simulation(traces, groups, timer, issue)
     simulation.run()
     slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
     by_rank: dict[int, list[Slice]] = defaultdict(list)
@@ -211,8 +219,12 @@ class _Simulation:
     that became ready at that instant."""
 
     def __init__(
-        self, traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer
+        self, traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer,
+        issue: str = READY_FIRST,
     ):
+        if issue not in (READY_FIRST, AS_ASTRA_SIM):
+            raise ValueError(f"unknown issue order {issue!r}")
+        self.as_astra_sim = issue == AS_ASTRA_SIM
         self.ranks = {trace.rank: _Rank(trace) for trace in traces}
         self.timer = timer
         self.members = {ALL_RANKS: len(traces), **{g: len(r) for g, r in groups.items()}}
@@ -267,7 +279,7 @@ class _Simulation:
         if node_type in _COMPUTE_TYPES:
             rank.computing = False
             self.touched.add(rank.rank)
-        elif node_type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
+        elif self.as_astra_sim and node_type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
             rank.communicating = False
             self.touched.add(rank.rank)
         for dependent in rank.dependents.pop(node_id, ()):
@@ -278,9 +290,9 @@ class _Simulation:
     def ready(self, rank: _Rank, node_id: int, now: float) -> None:
         node = rank.nodes[node_id]
         if node.type in _COMPUTE_TYPES:
-            heapq.heappush(rank.ready, (0.0, node_id))
+            heapq.heappush(rank.ready, (0.0 if self.as_astra_sim else now, node_id))
             self.touched.add(rank.rank)
-        elif node.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
+        elif self.as_astra_sim and node.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
             heapq.heappush(rank.comm_ready, node_id)
             self.touched.add(rank.rank)
         else:
@@ -561,14 +573,14 @@ def _paths_by_rank(files) -> _PathsInOrder:
     return _PathsInOrder(files.paths)
 
 
-def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer) -> Timeline:
+def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue: str) -> Timeline:
     by_rank = _paths_by_rank(files)
     traces = [read_trace(by_rank[ranks[0]]) for ranks in classes]
     class_of = {}
     for index, ranks in enumerate(classes):
         for rank in ranks:
             class_of[rank] = index
-    simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of)
+    simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of, issue)
     simulation.run()
     slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
     pieces: dict[int, list[Slice]] = defaultdict(list)
@@ -586,8 +598,9 @@ def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer) -> Tim
 class _ClassSimulation(_Simulation):
     """The representatives of the classes, each standing for its class (see the module docstring)."""
 
-    def __init__(self, traces, groups, timer: NodeTimer, classes: list[list[int]], class_of: dict[int, int]):
-        super().__init__(traces, groups, timer)
+    def __init__(self, traces, groups, timer: NodeTimer, classes: list[list[int]], class_of: dict[int, int],
+                 issue: str):
+        super().__init__(traces, groups, timer, issue)
         self.class_of = class_of
         self.num_classes = len(classes)
         self.pattern: dict[int, tuple] = {}      # group -> its offsets from its lowest rank

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flint.analysis.timeline import load_timeline
+from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
@@ -177,7 +177,7 @@ def estimate(request: SimulateRequest, compute: Compute, model: CollectiveModel
     timeline = load_timeline(
         request.directory, request.prefix,
         lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model),
-        request.groups,
+        request.groups, issue=AS_ASTRA_SIM,
     )
     ranks = [RankResult(r.rank, wall=r.step * 1e3, compute=r.compute * 1e3, communication=r.communication * 1e3,
                         overlap=(r.communication - r.exposed) * 1e3, finished=True) for r in timeline.every_rank()]
