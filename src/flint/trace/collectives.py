@@ -7,8 +7,9 @@ beside ASTRA-sim's result) and `flint sweep` time communication here, on the net
 
 - **A message** from NPU a to NPU b travels on the lowest network dimension in which their
   addresses differ and takes `hops * latency + bytes / bandwidth` there, plus, within a collective,
-  the system's `endpoint-delay` (ns); a SEND/RECV is one such message without it. Hops: 2 on a Switch (up and down), 1 on FullyConnected, the shorter way
-  round on a Ring. Bandwidth is in GB/s of 2^30 bytes, as ASTRA-sim reads its network file.
+  the system's `endpoint-delay` (ns); a SEND/RECV is one such message without it. Hops: 2 on a
+  Switch (up and down), 1 on FullyConnected, the shorter way round on a Ring. Bandwidth is in GB/s
+  of 2^30 bytes, as ASTRA-sim reads its network file.
 - **Chunks**: a collective of S bytes is split into `preferred-dataset-splits` chunks of
   floor(S / splits) bytes (at least the machine's NPU count, except for an all-gather); each
   chunk passes through the collective's phases, and each network dimension holds at most
