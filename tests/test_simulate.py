@@ -247,3 +247,17 @@ def test_a_missing_simulator_path_is_one_line(tmp_path, mlp_traces):
     run = flint("simulate", mlp_traces("2x4"), "--astra-sim", tmp_path / "nowhere", "-o", tmp_path / "sim")
     assert run.returncode == 2 and "is not an executable file" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_auto_leaves_traces_beyond_the_cap_to_the_estimator(tmp_path, mlp_traces, monkeypatch):
+    """--engine auto runs ASTRA-sim only up to ASTRA_SIM_MAX_RANKS ranks (2,048): beyond, even with
+    ASTRA-sim at hand, the estimator gives the step (here with the cap lowered to 4 for 8 ranks)."""
+    from flint.simulation import driver
+
+    simulator = stand_in(tmp_path, 8, "ABRT")
+    request = driver.SimulateRequest(directory=mlp_traces("2x4"), simulator=str(simulator), output=tmp_path / "sim")
+    assert driver.simulate(request).engine == "astra-sim"
+    monkeypatch.setattr(driver, "ASTRA_SIM_MAX_RANKS", 4)
+    result = driver.simulate(request).as_json()
+    assert result["engine"] == "flint" and result["step_us"] == result["timeline_estimate_us"] > 0
+    assert json.loads((tmp_path / "sim" / "result.json").read_text())["engine"] == "flint"
