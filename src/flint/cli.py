@@ -570,9 +570,11 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     """Schedule one step as a timeline.
 
     Writes Chrome trace-event JSON (open it in ui.perfetto.dev), before spending hours in
-    ASTRA-sim. Each rank's graph is list-scheduled: one compute stream with the trace's durations,
-    collectives timed on the --network as ASTRA-sim times them and starting when their whole group
-    reaches them, a RECV no earlier than its SEND: the step flint simulate --engine flint gives.
+    ASTRA-sim. Each rank's graph is list-scheduled as ASTRA-sim issues it: one compute node and one
+    collective or SEND at a time, lowest id first; compute takes the trace's durations,
+    communication is timed on the --network as ASTRA-sim times it, a collective starts when its
+    whole group issues it and a RECV no earlier than its SEND. The step is the one flint simulate
+    --engine flint gives. Above 64 ranks, one rank per class of the manifest stands for its class.
     Refuses a trace that breaks the contract (see `flint check`).
     """
     from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline, to_trace_events
