@@ -33,8 +33,8 @@ scheduled: a collective starts when the representative of every class its group 
 it (groups matched by their shape: the ranks' offsets from the group's lowest), and takes as long
 as the slowest group of that shape on the network; a SEND meets the RECV of its peer's class
 (matched by the two classes and the tag). Every rank of a class then has its representative's
-times. Where the manifest records no classes, or a class's first and last rank files differ in
-shape, every rank is scheduled.
+times. Where the manifest records no classes, a class's first and last rank files differ in
+shape, or the representatives never meet, every rank is scheduled.
 """
 
 from __future__ import annotations
@@ -164,7 +164,10 @@ def load_timeline(
         if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
             classes = _rank_classes(directory, files)
             if classes is not None:
-                return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue)
+                try:
+                    return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue)
+                except FlintError:
+                    pass  # representatives that never meet: every rank is scheduled, and checked
     violations = [v for v in check_traces(directory, prefix, groups_file=groups_file) if v.is_error]
     if violations:
         raise FlintError(
