@@ -261,3 +261,11 @@ def test_auto_leaves_traces_beyond_the_cap_to_the_estimator(tmp_path, mlp_traces
     result = driver.simulate(request).as_json()
     assert result["engine"] == "flint" and result["step_us"] == result["timeline_estimate_us"] > 0
     assert json.loads((tmp_path / "sim" / "result.json").read_text())["engine"] == "flint"
+
+
+def test_the_estimator_says_when_the_system_asks_for_what_it_does_not_model(tmp_path, mlp_traces):
+    system = write_json(tmp_path / "system.json", {"all-to-all-implementation": ["direct"]})
+    result = simulate(mlp_traces("2x4"), "--engine", "flint", "--system", system, "-o", tmp_path / "sim")
+    assert result["notes"] == ["the estimator times ring collectives; the system file asks ASTRA-sim for "
+                               "all-to-all-implementation: ['direct']"]
+    assert simulate(mlp_traces("2x4"), "--engine", "flint", "-o", tmp_path / "plain")["notes"] == []

@@ -71,6 +71,7 @@ class Simulation:
     known_issue: str | None
     engine: str | None = None
     seconds: float | None = None
+    notes: Sequence[str] = ()
 
     @property
     def ran(self) -> bool:
@@ -97,6 +98,7 @@ class Simulation:
             "slowest_rank": slowest.rank if slowest else None,
             "timeline_estimate_us": self.estimate_us,
             "known_issue": self.known_issue,
+            "notes": list(self.notes),
             "per_rank": [r.as_json(slowest.wall) for r in self.ranks],
         }
 
@@ -134,6 +136,8 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     if request.engine not in ENGINES:
         raise FlintError(f"unknown --engine {request.engine!r}: use one of {', '.join(ENGINES)}")
     model = CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides})
+    notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
+             for found in [model.unmodelled()] if found]
     simulator = find_simulator(request.simulator) if request.engine != "flint" else None
     use_flint = request.engine == "flint" or (
         request.engine == "auto" and (simulator is None or files.num_ranks > ASTRA_SIM_MAX_RANKS))
@@ -141,12 +145,12 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         began = time.perf_counter()
         step, ranks = estimate(request, compute, model)
         seconds = time.perf_counter() - began
-        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds)
+        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes)
         (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
         return simulation
     estimated = estimate(request, compute, model)[0] if request.estimate else None
     if simulator is None:
-        return Simulation(inputs, None, [], estimated, None)
+        return Simulation(inputs, None, [], estimated, None, notes=notes)
     multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
     began = time.perf_counter()
     run = run_simulator(inputs.command(simulator), inputs.directory, files.num_ranks, multi_group,
@@ -156,7 +160,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         known = (f"ASTRA-sim crashed at teardown (exit {run.returncode}) after every rank finished: a "
                  "known upstream issue with ranks in two or more communicator groups; the results are complete")
     simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimated, known,
-                            "astra-sim", time.perf_counter() - began)
+                            "astra-sim", time.perf_counter() - began, notes if estimated is not None else [])
     (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
     return simulation
 

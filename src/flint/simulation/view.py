@@ -26,6 +26,8 @@ def simulation_view(simulation: Simulation) -> Group:
         lines.append(Text("  " + inputs.shell_command("astra-sim")))
         if estimate is not None:
             lines.append(Text(f"Flint's estimator gives the step: {estimate:,.1f} µs"))
+        for note in simulation.notes:
+            lines.append(Text(f"note: {note}", style="yellow"))
         return Group(*lines)
     slowest = simulation.slowest
     beside = ""
@@ -46,6 +48,8 @@ def simulation_view(simulation: Simulation) -> Group:
     lines.append(table)
     if simulation.known_issue:
         lines.append(Text(f"note: {simulation.known_issue}", style="yellow"))
+    for note in simulation.notes:
+        lines.append(Text(f"note: {note}", style="yellow"))
     if simulation.engine == "flint":
         lines.append(Text(f"ASTRA-sim's inputs and result.json are in {inputs.directory}; run"))
         lines.append(Text("  " + inputs.shell_command(simulation.simulator or "astra-sim")))

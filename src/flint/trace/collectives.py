@@ -99,6 +99,17 @@ class CollectiveModel:
     def endpoint_ns(self) -> float:
         return float(self.system.get("endpoint-delay", 10))
 
+    def unmodelled(self) -> list[str]:
+        """The system keys that ask ASTRA-sim for what this model does not time: a collective
+        implementation other than a ring."""
+        found = []
+        for key, value in self.system.items():
+            if key.endswith("-implementation"):
+                values = value if isinstance(value, list) else [value]
+                if any(str(v).lower() not in ("ring", "onering") for v in values):
+                    found.append(f"{key}: {value}")
+        return found
+
     @property
     def hierarchical_all_reduce(self) -> bool:
         return self.system.get("collective-optimization", "baseline") == "localBWAware"
