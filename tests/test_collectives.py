@@ -179,3 +179,25 @@ def test_a_dp_tp_step_is_within_ten_percent_of_astra_sim(tmp_path, network):
     result = json.loads(flint("simulate", traces, "--json", "--network", network, "-o", tmp_path / "s").stdout)
     assert result["engine"] == "astra-sim"
     assert result["timeline_estimate_us"] == pytest.approx(result["step_us"], rel=0.10)
+
+
+THREE_DIMENSIONS = ("topology: [ Ring, FullyConnected, Switch ]\nnpus_count: [ 4, 2, 2 ]\n"
+                    "bandwidth: [ 100.0, 200.0, 25.0 ]\nlatency: [ 500.0, 700.0, 3000.0 ]\n")
+
+
+@needs_simulator
+@pytest.mark.parametrize("groups, kind, size", [
+    ([list(range(16))], pb.ALL_REDUCE, 16 * MIB),
+    ([list(range(16))], pb.ALL_TO_ALL, 4 * MIB),
+    ([[0, 2, 8, 10], [1, 3, 9, 11], [4, 6, 12, 14], [5, 7, 13, 15]], pb.ALL_REDUCE, 16 * MIB),
+    ([[0, 5, 10, 15], [1, 4, 11, 14], [2, 7, 8, 13], [3, 6, 9, 12]], pb.ALL_GATHER, MIB),
+])
+def test_three_dimensions_of_every_topology_as_in_astra_sim(tmp_path, groups, kind, size):
+    """A Ring of 4 x FullyConnected 2 x Switch 2: hierarchical phases on all three, and groups
+    whose hops land on different dimensions, within 1% of ASTRA-sim."""
+    traces = one_collective(tmp_path / "one", groups, kind, size)
+    network = tmp_path / "three.yml"
+    network.write_text(THREE_DIMENSIONS)
+    astra = json.loads(flint("simulate", traces, "--json", "--engine", "astra-sim", "--network", network,
+                             "-o", tmp_path / "a").stdout)
+    assert astra["timeline_estimate_us"] == pytest.approx(astra["step_us"], rel=0.01)
