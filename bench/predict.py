@@ -87,8 +87,8 @@ def table1(rows: list[int], model: Path, work: Path) -> None:
         network = work / f"selene{gpus}.yml"
         network.write_text(SELENE.format(nodes=gpus // 8))
         result = flint.simulate(out, network=str(network), timeout=3000)
-        step_us = result["step_us"] or result["timeline_estimate_us"]
-        engine = "ASTRA-sim" if result["step_us"] else "estimate"
+        step_us = result["step_us"]
+        engine = "ASTRA-sim" if result["engine"] == "astra-sim" else "estimate"
         tflops = paper_flops(batch, layers, hidden) / (step_us / 1e6) / gpus / 1e12
         print(f"{row:<5}{f'{layers}x{hidden}':<18}{mesh:<20}{step_us / 1e6:>8.2f}{engine:>11}{tflops:>9.0f}"
               f"{published:>10}{tflops / published:>7.2f}")

@@ -153,3 +153,25 @@ def test_a_sweep_runs_on_ray(tmp_path):
     run = flint("sweep", spec, "-o", out, "--ray", "--json")
     assert run.returncode == 0, run.stderr
     check_mlp_records(by_point(json.loads(run.stdout)))
+
+
+SIMULATOR = os.environ.get("ASTRA_SIM", "")
+
+
+@pytest.mark.skipif(not (SIMULATOR and os.access(SIMULATOR, os.X_OK)), reason="needs ASTRA-sim: set ASTRA_SIM")
+def test_finalists_rank_by_the_estimator_and_simulate_the_best(tmp_path):
+    """--finalists 2: every point is ranked by Flint's estimator; ASTRA-sim runs on the best two
+    only, and the ranking shows both steps; no trace is left behind."""
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "out"
+    run = flint("sweep", spec, "-o", out, "--finalists", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    ok = sorted((r for r in json.loads(run.stdout) if r["status"] == "ok"), key=lambda r: (r["step_us"], r["id"]))
+    assert len(ok) == 3
+    assert all(r["estimated_step_us"] == r["step_us"] for r in ok)
+    finalists = [r for r in ok if r.get("simulated_step_us") is not None]
+    assert [r["id"] for r in finalists] == [r["id"] for r in ok[:2]]
+    for record in finalists:
+        assert record["simulated_step_us"] == pytest.approx(record["estimated_step_us"], rel=0.10)
+    assert not any((out / "points").glob("*/trace"))
+    text = flint("sweep", spec, "-o", out)
+    assert "ASTRA-sim on the finalists" in text.stdout

@@ -22,11 +22,21 @@ import pytest
 from conftest import flint
 from test_trace_contract import TraceSet, make_node, set_attr
 
-from flint.analysis.timeline import COMM, COMPUTE, load_timeline, to_trace_events
+from flint.analysis.timeline import (
+    AS_ASTRA_SIM,
+    COMM,
+    COMPUTE,
+    READY_FIRST,
+    RankTime,
+    Slice,
+    Timeline,
+    load_timeline,
+    to_trace_events,
+)
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.timing import Compute, Link, NodeTimer
+from flint.trace.timing import Compute, Link, NodeTimer, reader_collectives
 
 DEVICE = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)
 LINK = Link(bandwidth_gbps=1.0, latency_us=2.0)
@@ -94,15 +104,26 @@ def test_trace_event_json_busy_time_is_the_sum_of_node_times(tmp_path: Path) -> 
 
 
 def test_overlapping_transfers_get_their_own_thread(tmp_path: Path) -> None:
+    """A RECV never waits for the communication stream: on rank 1 it runs alongside a collective
+    that rank 0 joins late, each on a thread of its own."""
     trace = two_ranks()
-    # a second, independent all-reduce on both ranks runs alongside the first one
-    trace.nodes[0].append(all_reduce(7, (1,)))
-    trace.nodes[1].append(all_reduce(7, (1,)))
+    # rank 0 joins all-reduce 7 after its SEND (14-18); rank 1 issues it at 14, after all-reduce 3,
+    # while its RECV (14-18) runs
+    trace.nodes[0].append(all_reduce(7, (4,)))
+    trace.nodes[1].append(all_reduce(7, (3,)))
     timeline = load_timeline(trace.write(tmp_path), None, timer_for)
+    got = {(s.rank, s.node_id): (s.start, s.end) for s in timeline.slices}
+    assert got[1, 5] == (14, 18) and got[1, 7] == (18, 26)
     events = to_trace_events(timeline, {})["traceEvents"]
     comm = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["cat"] == COMM]
     lanes = {e["args"]["id"]: e["tid"] for e in comm}
-    assert lanes[3] != lanes[7]
+    assert lanes[3] == lanes[5] == lanes[7]  # back to back: one thread
+    # a RECV beside a collective (its SEND from a rank outside the collective): two threads
+    beside = Timeline([Slice(1, 5, "recv", COMM, 14, 4), Slice(1, 7, "all-reduce", COMM, 15, 8)],
+                      [RankTime(1, 23, 0, 9, 9)])
+    lanes = {e["args"].get("id", e["name"]): e["tid"] for e in to_trace_events(beside, {})["traceEvents"]
+             if e["ph"] == "X"}
+    assert lanes == {"recv": 1, "all-reduce": 2}
 
 
 def test_collectives_waiting_on_each_other_in_a_cycle_are_reported(tmp_path: Path) -> None:
@@ -128,7 +149,17 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     run = flint("timeline", directory, "-o", out, "--plot", png, "--device", device,
                 "--link-gbps", "1", "--link-latency-us", "2", "--json")
     assert run.returncode == 0, run.stderr
-    assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([18, 19])
+    # --link-gbps/--link-latency-us: one fully connected link, timed as flint simulate times it
+    collectives = reader_collectives(None, None, 2, 1.0, 2.0)
+    expected = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(DEVICE, "roofline"), LINK, groups,
+                                                                          n, collectives), issue=AS_ASTRA_SIM)
+    assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])
+    # by hand: the 4,000-byte all-reduce in 4 chunks of 1,000 bytes, 2 at a time, each 2 steps of
+    # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay a step: from 6 µs on rank 0; then its SEND
+    # of 2,000 bytes
+    step = 2 * (0.01 + 2.0 + 500 / 2**30 * 1e6)
+    send = 2.0 + 2000 / 2**30 * 1e6  # a SEND has no endpoint delay
+    assert expected.ranks[0].step == pytest.approx(6 + 2 * step + send)
     assert json.loads(out.read_text())["traceEvents"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -139,3 +170,55 @@ def test_cli_refuses_a_trace_that_breaks_the_contract(tmp_path: Path) -> None:
     run = flint("timeline", trace.write(tmp_path), "-o", tmp_path / "step.json")
     assert run.returncode == 2
     assert "breaks the trace contract" in run.stderr and "send-recv-match" in run.stderr
+
+
+def two_stages() -> TraceSet:
+    """Ranks 0, 1 (stage 0): compute, all-reduce on their pair, SEND to rank + 2, all-gather on all;
+    ranks 2, 3 (stage 1): RECV from rank - 2, compute, all-reduce on their pair, all-gather on all."""
+    trace = TraceSet(groups={"1": [0, 1], "2": [2, 3], "3": [0, 1, 2, 3]})
+
+    def coll(node_id, kind, size, group, deps):
+        return make_node(node_id, pb.COMM_COLL_NODE, deps, comm_type=("int64_val", kind),
+                         comm_size=("int64_val", size), pg_name=("string_val", group))
+
+    def transfer(node_id, send, src, dst, deps):
+        return make_node(node_id, pb.COMM_SEND_NODE if send else pb.COMM_RECV_NODE, deps,
+                         comm_src=("int32_val", src), comm_dst=("int32_val", dst), comm_tag=("int32_val", 5),
+                         comm_size=("int64_val", 1 << 20))
+
+    for rank in range(4):
+        trace.metadata[rank] = pb.GlobalMetadata(version="0.0.4")
+        if rank < 2:
+            trace.nodes[rank] = [compute(1, 3_000_000, 1000), coll(2, pb.ALL_REDUCE, 1 << 22, "1", (1,)),
+                                 transfer(3, True, rank, rank + 2, (2,)), coll(4, pb.ALL_GATHER, 1 << 16, "3", (3,))]
+        else:
+            trace.nodes[rank] = [transfer(1, False, rank - 2, rank, ()), compute(2, 5_000_000, 1000, (1,)),
+                                 coll(3, pb.ALL_REDUCE, 1 << 22, "2", (2,)), coll(4, pb.ALL_GATHER, 1 << 16, "3", (3,))]
+    return trace
+
+
+def test_one_rank_per_class_gives_every_rank_its_full_schedule(tmp_path: Path) -> None:
+    """With the manifest's rank classes (the two stages), scheduling ranks 0 and 2 alone gives each
+    rank the times the full schedule gives it."""
+    directory = two_stages().write(tmp_path)
+    (directory / "manifest.json").write_text(json.dumps({
+        "name": "flint", "ranks": 4, "mesh": {"shape": [2, 2], "axis_names": ["pp", "data"]},
+        "rank_totals": [{"ranks": [[0, 1]]}, {"ranks": [[2, 3]]}],
+    }))
+    collectives = reader_collectives("hgx", None, 4)
+
+    def timer(groups, n):
+        return NodeTimer(Compute(DEVICE, "roofline"), LINK, groups, n, collectives)
+
+    full = load_timeline(directory, None, timer, by_class=False)
+    by_class = load_timeline(directory, None, timer, by_class=True)
+    assert by_class.represents == {0: [0, 1], 2: [2, 3]} and len(by_class.ranks) == 2
+    def times(ranks):
+        return [value for r in ranks for value in (r.rank, r.step, r.compute, r.communication, r.exposed)]
+
+    assert times(by_class.every_rank()) == pytest.approx(times(full.ranks))
+    assert by_class.step == pytest.approx(full.step) and full.step > 8  # waits on the RECV's compute
+    # a class whose first and last files differ in shape is not trusted: every rank is scheduled
+    (directory / "manifest.json").write_text(json.dumps({"name": "flint", "ranks": 4,
+                                                         "rank_totals": [{"ranks": [[0, 3]]}]}))
+    assert load_timeline(directory, None, timer, by_class=True).represents is None

@@ -403,16 +403,11 @@ def _read_trace(path: Path):
         raise FlintError(message) from None
 
 
-def _timing_options(command):
-    """--device, --durations, --link-gbps, --link-latency-us: what a node's time is (flint.trace.timing)."""
-    from flint.trace.timing import DEFAULT_LINK_GBPS, DEFAULT_LINK_LATENCY_US, READER_DURATIONS
+def _compute_options(command):
+    """--device, --durations: how compute nodes are timed (flint.trace.timing)."""
+    from flint.trace.timing import READER_DURATIONS
 
     for option in (
-        click.option("--link-latency-us", type=click.FloatRange(min=0), default=DEFAULT_LINK_LATENCY_US,
-                     show_default=True, help="Link latency per ring step (alpha), in µs."),
-        click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
-                     default=DEFAULT_LINK_GBPS, show_default=True,
-                     help="Link bandwidth per rank in GB/s (10^9 bytes/s)."),
         click.option("--durations", type=click.Choice(READER_DURATIONS),
                      help="Compute times: trace (each node's duration_micros, as extracted), or "
                           "calibrated or roofline: timed again by that kernel model on --device "
@@ -421,6 +416,40 @@ def _timing_options(command):
                      help=f"Time compute again on this device: {', '.join(BUILTIN)}, or a .toml/.json "
                           "device file [default: the trace's own durations; with --durations, the "
                           "device its manifest records]."),
+    ):
+        command = option(command)
+    return command
+
+
+def _timing_options(command):
+    """--device, --durations, --link-gbps, --link-latency-us: what a node's time is (flint.trace.timing)."""
+    from flint.trace.timing import DEFAULT_LINK_GBPS, DEFAULT_LINK_LATENCY_US
+
+    for option in (
+        click.option("--link-latency-us", type=click.FloatRange(min=0), default=DEFAULT_LINK_LATENCY_US,
+                     show_default=True, help="Link latency per ring step (alpha), in µs."),
+        click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
+                     default=DEFAULT_LINK_GBPS, show_default=True,
+                     help="Link bandwidth per rank in GB/s (10^9 bytes/s)."),
+    ):
+        command = option(command)
+    return _compute_options(command)
+
+
+def _network_options(command):
+    """--network, --link-gbps, --link-latency-us: the network communication is timed on, as
+    `flint simulate` times it (flint.trace.collectives)."""
+    for option in (
+        click.option("--link-latency-us", type=click.FloatRange(min=0),
+                     help="Instead of --network: every rank one hop from every other, this latency per hop "
+                          "in µs [default with --link-gbps: the flat preset's]."),
+        click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
+                     help="Instead of --network: every rank one hop from every other at this bandwidth "
+                          "(GB/s, as ASTRA-sim reads its network files) [default with --link-latency-us: "
+                          "the flat preset's]."),
+        click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
+                     help="Network: hgx (8-GPU NVLink nodes, 50 GB/s scale-out), nvl72 (72-GPU NVLink "
+                          "domains), flat (one switch), or an ASTRA-sim network .yml; as flint simulate."),
     ):
         command = option(command)
     return command
@@ -436,6 +465,18 @@ def _compute(path: Path, files, device_spec: str | None, durations: str | None):
         directory = path if path.is_dir() else path.parent
         manifest = read_manifest(directory, parse_trace_name(files.paths[0])[0])
     return reader_compute(device_spec, durations, manifest)
+
+
+def _manifest_of(path: Path, files) -> dict | None:
+    """The manifest of the trace at `path` (a directory or one of its files), None without one."""
+    from flint.trace.errors import TraceFormatError
+    from flint.trace.reader import parse_trace_name, read_manifest
+
+    directory = path if path.is_dir() else path.parent
+    try:
+        return read_manifest(directory, parse_trace_name(files.paths[0])[0])
+    except TraceFormatError as exc:
+        raise FlintError(f"{exc}: extract the trace again") from None
 
 
 def _timer(compute, link_gbps: float, link_latency_us: float, groups, num_ranks: int):
@@ -531,28 +572,35 @@ def check(directory, prefix, num_ranks, groups_file, as_json):
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
 @click.option("--json", "as_json", is_flag=True, help="Print each rank's times as JSON.")
 @_groups_option
-@_timing_options
-def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, link_gbps,
+@_compute_options
+@_network_options
+def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, network, link_gbps,
              link_latency_us):
     """Schedule one step as a timeline.
 
     Writes Chrome trace-event JSON (open it in ui.perfetto.dev), before spending hours in
-    ASTRA-sim. Each rank's graph is list-scheduled: one compute stream with roofline times,
-    collectives with alpha-beta ring times starting when their whole group reaches them, a RECV no
-    earlier than its SEND. Refuses a trace that breaks the contract (see `flint check`).
+    ASTRA-sim. Each rank's graph is list-scheduled as ASTRA-sim issues it: one compute node and one
+    collective or SEND at a time, lowest id first; compute takes the trace's durations,
+    communication is timed on the --network as ASTRA-sim times it, a collective starts when its
+    whole group issues it and a RECV no earlier than its SEND. The step is the one flint simulate
+    --engine flint gives. Above 64 ranks, one rank per class of the manifest stands for its class.
+    Refuses a trace that breaks the contract (see `flint check`).
     """
-    from flint.analysis.timeline import load_timeline, to_trace_events
+    from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline, to_trace_events
     from flint.analysis.views import timeline_view
+    from flint.trace.timing import Link, NodeTimer, reader_collectives
 
     _trace_set(directory, prefix)
-    compute = _compute(directory, _trace_files(directory, prefix, None, groups_file), device_spec, durations)
+    files = _trace_files(directory, prefix, None, groups_file)
+    compute = _compute(directory, files, device_spec, durations)
+    collectives = reader_collectives(network, _manifest_of(directory, files), files.num_ranks, link_gbps,
+                                     link_latency_us)
     scheduled = load_timeline(
         directory, prefix,
-        lambda groups, num_ranks: _timer(compute, link_gbps, link_latency_us, groups, num_ranks),
-        groups_file,
+        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, collectives),
+        groups_file, issue=AS_ASTRA_SIM,
     )
-    metadata = {"trace": str(directory), "compute": compute.label, "link_gbps": link_gbps,
-                "link_latency_us": link_latency_us}
+    metadata = {"trace": str(directory), "compute": compute.label, "network": collectives.network.as_json()}
     try:
         output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
     except OSError as exc:
@@ -563,9 +611,13 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
         plot_ranks(scheduled, plot, f"{directory.name}: one step, {scheduled.step:,.1f} µs")
     if as_json:
         click.echo(json.dumps({"step_us": scheduled.step,
-                               "ranks": [r.as_json() for r in scheduled.ranks]}, indent=2))
+                               "ranks": [r.as_json() for r in scheduled.every_rank()]}, indent=2))
         return
     stdout.print(timeline_view(scheduled))
+    if scheduled.represents is not None:
+        ranks = sum(len(members) for members in scheduled.represents.values())
+        stdout.print(f"{ranks:,} ranks in {len(scheduled.represents):,} classes: one rank of each scheduled, "
+                     "standing for its class")
     stdout.print(f"wrote {output}" + (f" and {plot}" if plot else ""))
 
 
@@ -588,20 +640,24 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
               help="Where ASTRA-sim's inputs, logs and result.json go [default: DIRECTORY/astra-sim].")
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
-              help="Also schedule the trace with flint timeline's model on the same network.")
+              help="With ASTRA-sim, also give the estimator's step (flint timeline's) on the same network.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop ASTRA-sim after this long.")
+@click.option("--engine", type=click.Choice(["auto", "astra-sim", "flint"]), default="auto", show_default=True,
+              help="What gives the step: ASTRA-sim, Flint's estimator (flint timeline's schedule, "
+                   "communication timed as ASTRA-sim times it), or auto: ASTRA-sim where it is found and "
+                   "the trace has at most 2,048 ranks, else the estimator.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_groups_option
 def simulate(directory, network, roofline, device_spec, system, simulator, output, prefix, estimate, timeout,
-             as_json, groups_file):
-    """Simulate one step on a machine with ASTRA-sim.
+             engine, as_json, groups_file):
+    """Simulate one step on a machine, with ASTRA-sim or Flint's estimator.
 
     Writes ASTRA-sim's system, network and memory files for the trace in DIRECTORY: one network
     dimension per tier of the --network (the mesh's innermost axes on the fastest), the device from
-    the trace's manifest. Runs ASTRA-sim and reports the step (the slowest rank) and where each
-    rank's time went, beside flint timeline's estimate. Without ASTRA-sim it writes the files and
-    prints the command to run.
+    the trace's manifest. Runs the --engine and reports the step (the slowest rank), where each
+    rank's time went, and which engine gave it; beside ASTRA-sim's step stands the estimator's.
+    With --engine astra-sim and no ASTRA-sim it writes the files and prints the command to run.
 
     \b
       flint simulate traces/mlp
@@ -614,7 +670,7 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
     _trace_set(directory, prefix)
     request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
-                              timeout=timeout, groups=groups_file)
+                              timeout=timeout, groups=groups_file, engine=engine)
     with _progress(as_json) as bars:
         task = bars.add_task("simulating ranks", total=None)
         result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))
@@ -637,13 +693,16 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
 @click.option("--keep-traces", is_flag=True, help="Keep each point's trace and simulator files.")
 @click.option("--astra-sim", "simulator", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
               help="ASTRA-sim to simulate each point with [default: $ASTRA_SIM, else astra-sim on PATH; "
-                   "without one, points are ranked by flint timeline's estimate].")
+                   "without one, or above 2,048 ranks, points are ranked by Flint's estimator].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="Points in the ranking.")
+@click.option("--finalists", type=click.IntRange(min=1), metavar="K",
+              help="Rank every point by Flint's estimator, then run ASTRA-sim on the best K only; the "
+                   "ranking shows both steps.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Draw step time against memory per rank with the Pareto front (PNG, SVG, PDF; matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print every point's record as JSON, in grid order.")
-def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator, top, plot, as_json):
+def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator, top, finalists, plot, as_json):
     """Explore layouts: extract and simulate a grid of points.
 
     SPEC is a TOML file naming a model file and the grid: meshes (listed, or every factorization of
@@ -661,7 +720,7 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
     from flint.exploration.view import sweep_view
 
     request = SweepRequest(spec=spec, output=output, jobs=jobs, ray=ray_address, retry_failed=retry_failed,
-                           keep_traces=keep_traces, simulator=simulator)
+                           keep_traces=keep_traces, simulator=simulator, finalists=finalists)
     stopped = signal.SIGINT
 
     def terminate(signum, frame) -> NoReturn:

@@ -1,23 +1,40 @@
 """One step of a trace set on a timeline: a quick look before spending hours in ASTRA-sim.
 
 Every rank's graph is list-scheduled, all ranks together, by a deterministic discrete-event
-simulation with node times from `flint.trace.timing` (roofline compute, alpha-beta communication):
+simulation with node times from `flint.trace.timing`:
 
 - a node becomes ready when all its ctrl and data dependencies have finished;
-- each rank has one compute stream: COMP and MEM nodes run one at a time, the ready node that became
-  ready first (then the lowest id) going next;
-- communication does not queue behind other communication (ASTRA-sim keeps several collectives in
-  flight too), but it waits for its partners: a collective starts when the last member of its group
-  reaches it (matched per group in node-id order, as the contract requires), and a RECV starts no
-  earlier than its SEND (matched by source, destination and tag), so it cannot finish before it.
+- each rank has one compute stream: COMP and MEM nodes run one at a time;
+- communication waits for its partners: a collective starts when the last member of its group
+  issues it (matched per group in node-id order, as the contract requires); a RECV starts no
+  earlier than its SEND (matched by source, destination and tag) and ends when the SEND's message
+  arrives: at once if it already has, as in ASTRA-sim.
 
-Each node is one slice of exactly its own duration, so a rank's busy time is the sum of its node
-times; waiting for partners shows up as gaps. The result converts to Chrome trace-event JSON
+Two issue orders. `READY_FIRST` (the library's default): the compute stream takes the node that
+became ready first (then the lowest id), and communication never queues behind other
+communication. `AS_ASTRA_SIM` (what `flint timeline` and `flint simulate --engine flint` use, so
+that their step is ASTRA-sim's): as ASTRA-sim's workload layer issues nodes, the compute stream
+takes the ready node with the lowest id, and each rank also has one communication stream on which
+collectives and SENDs run one at a time, lowest id first (a collective holds it until it ends);
+RECVs never wait for it.
+
+Each node is one slice of its own duration (a RECV's: until its message arrives), so a rank's busy
+time is the sum of its node times; waiting for partners shows up as gaps. The result converts to Chrome trace-event JSON
 (`ui.perfetto.dev`, `chrome://tracing`): one process per rank, a compute thread and as many
 communication threads as transfers overlap. Flow arrows join each SEND to the RECV it matched and
 the members of each collective across ranks, in rank order; a pipelined trace's nodes are grouped
 under a parent slice per pipeline unit (`F3.0`, `B3.0`, `U.0`, from their names); and the trace's
 metadata (`otherData`) holds each rank's summary.
+
+**One rank per class.** Flint's emitter writes ranks that run the same work (the same nodes and
+dependencies, differing only in group ids and peers) as one class, recorded in the manifest's
+`rank_totals`. Above `FULL_SCHEDULE_MAX_RANKS` ranks, only the first rank of each class is
+scheduled: a collective starts when the representative of every class its group holds has reached
+it (groups matched by their shape: the ranks' offsets from the group's lowest), and takes as long
+as the slowest group of that shape on the network; a SEND meets the RECV of its peer's class
+(matched by the two classes and the tag). Every rank of a class then has its representative's
+times. Where the manifest records no classes, a class's first and last rank files differ in
+shape, or the representatives never meet, every rank is scheduled.
 """
 
 from __future__ import annotations
@@ -39,10 +56,21 @@ from flint.trace.reader import (
     attr_value,
     attribute_value,
     enum_name,
+    locate_traces,
+    parse_trace_name,
+    read_manifest,
+    read_trace,
     read_trace_set,
     transfer_peers,
 )
+from flint.trace.collectives import TIMED
 from flint.trace.timing import NodeTimer, group_id
+
+READY_FIRST, AS_ASTRA_SIM = "ready-first", "as-astra-sim"
+"""The orders in which a rank's ready nodes issue (see the module docstring)."""
+FULL_SCHEDULE_MAX_RANKS = 64
+"""Above this many ranks, a trace whose manifest records rank classes is scheduled one rank per
+class (see the module docstring)."""
 
 COMPUTE, COMM, UNIT = "compute", "comm", "unit"
 SEND_RECV, COLLECTIVE = "send/recv", "collective"
@@ -101,6 +129,17 @@ class Timeline:
     ranks: list[RankTime]
     transfers: list[tuple[Member, Member]] = field(default_factory=list)
     collectives: list[tuple[Member, ...]] = field(default_factory=list)
+    represents: dict[int, list[int]] | None = None
+    """Scheduled one rank per class: each scheduled rank -> every rank of its class."""
+
+    def every_rank(self) -> list[RankTime]:
+        """Each rank's times, in rank order: a class's ranks take their representative's."""
+        if self.represents is None:
+            return list(self.ranks)
+        by_rank = {r.rank: r for r in self.ranks}
+        every = [RankTime(member, t.step, t.compute, t.communication, t.exposed)
+                 for rep, members in self.represents.items() for t in (by_rank[rep],) for member in members]
+        return sorted(every, key=lambda r: r.rank)
 
     @property
     def step(self) -> float:
@@ -109,14 +148,26 @@ class Timeline:
 
 def load_timeline(
     directory: str | os.PathLike[str], prefix: str | None, timer_for,
-    groups_file: str | os.PathLike[str] | None = None,
+    groups_file: str | os.PathLike[str] | None = None, by_class: bool | None = None,
+    issue: str = READY_FIRST,
 ) -> Timeline:
     """Check and read a trace directory (its groups from `groups_file` where one is named), then
-    schedule it.
+    schedule it: one rank per class where `by_class` (default: above `FULL_SCHEDULE_MAX_RANKS`
+    ranks, where the manifest records classes), else every rank; nodes issue in the `issue` order
+    (`READY_FIRST` or `AS_ASTRA_SIM`, see the module docstring).
 
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
+    if by_class is not False:
+        files = locate_traces(directory, prefix, groups_file=groups_file)
+        if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
+            classes = _rank_classes(directory, files)
+            if classes is not None:
+                try:
+                    return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue)
+                except FlintError:
+                    pass  # representatives that never meet: every rank is scheduled, and checked
     violations = [v for v in check_traces(directory, prefix, groups_file=groups_file) if v.is_error]
     if violations:
         raise FlintError(
@@ -124,14 +175,14 @@ def load_timeline(
             f"{violations[0]}): run `flint check {directory}`"
         )
     traces, groups = read_trace_set(directory, prefix, groups_file)
-    return schedule(traces, groups, timer_for(groups, len(traces)))
+    return schedule(traces, groups, timer_for(groups, len(traces)), issue)
 
 
 def schedule(
-    traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer
+    traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer, issue: str = READY_FIRST,
 ) -> Timeline:
     """Schedule every rank of a contract-abiding trace set (see the module docstring)."""
-    simulation = _Simulation(traces, groups, timer)
+    simulation = _Simulation(traces, groups, timer, issue)
     simulation.run()
     slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
     by_rank: dict[int, list[Slice]] = defaultdict(list)
@@ -160,6 +211,8 @@ class _Rank:
                 self.dependents[dep].append(node.id)
         self.ready: list[tuple[float, int]] = []
         self.computing = False
+        self.comm_ready: list[int] = []
+        self.communicating = False
         self.finished: set[int] = set()
 
 
@@ -169,8 +222,12 @@ class _Simulation:
     that became ready at that instant."""
 
     def __init__(
-        self, traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer
+        self, traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer,
+        issue: str = READY_FIRST,
     ):
+        if issue not in (READY_FIRST, AS_ASTRA_SIM):
+            raise ValueError(f"unknown issue order {issue!r}")
+        self.as_astra_sim = issue == AS_ASTRA_SIM
         self.ranks = {trace.rank: _Rank(trace) for trace in traces}
         self.timer = timer
         self.members = {ALL_RANKS: len(traces), **{g: len(r) for g, r in groups.items()}}
@@ -198,17 +255,35 @@ class _Simulation:
             self.dispatch(now)
         self._check_all_ran()
 
-    def start(self, rank: _Rank, node_id: int, now: float, stream: str) -> None:
+    def duration(self, rank: _Rank, node: pb.Node) -> float:
+        return self.timer.micros(node)
+
+    def collective_key(self, rank: _Rank, node_id: int) -> tuple[tuple, int]:
+        """Which instance of which collective a node is, and how many ranks must reach it."""
+        key = self.instance[rank.rank][node_id]
+        return key, self.members[key[0]]
+
+    def transfer_key(self, rank: _Rank, node: pb.Node) -> tuple:
+        return (*transfer_peers(node, rank.rank), attr_value(node, "comm_tag"))
+
+    def start(self, rank: _Rank, node_id: int, now: float, stream: str, arrives: float | None = None) -> float:
+        """Start a node now; it lasts its own time, or, a RECV whose message `arrives` at a known
+        time, until then. Returns when it ends."""
         node = rank.nodes[node_id]
-        duration = self.timer.micros(node)
+        duration = self.duration(rank, node) if arrives is None else max(0.0, arrives - now)
         name = node.name or f"{enum_name(pb.NodeType, node.type)} {node_id}"
         self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, _args(node)))
         heapq.heappush(self.events, (now + duration, rank.rank, node_id))
+        return now + duration
 
     def finish(self, rank: _Rank, node_id: int, now: float) -> None:
         rank.finished.add(node_id)
-        if rank.nodes[node_id].type in _COMPUTE_TYPES:
+        node_type = rank.nodes[node_id].type
+        if node_type in _COMPUTE_TYPES:
             rank.computing = False
+            self.touched.add(rank.rank)
+        elif self.as_astra_sim and node_type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
+            rank.communicating = False
             self.touched.add(rank.rank)
         for dependent in rank.dependents.pop(node_id, ()):
             rank.waiting[dependent] -= 1
@@ -218,12 +293,20 @@ class _Simulation:
     def ready(self, rank: _Rank, node_id: int, now: float) -> None:
         node = rank.nodes[node_id]
         if node.type in _COMPUTE_TYPES:
-            heapq.heappush(rank.ready, (now, node_id))
+            heapq.heappush(rank.ready, (0.0 if self.as_astra_sim else now, node_id))
             self.touched.add(rank.rank)
-        elif node.type == pb.COMM_COLL_NODE:
-            key = self.instance[rank.rank][node_id]
+        elif self.as_astra_sim and node.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
+            heapq.heappush(rank.comm_ready, node_id)
+            self.touched.add(rank.rank)
+        else:
+            self.issue(rank, node_id, now)
+
+    def issue(self, rank: _Rank, node_id: int, now: float) -> None:
+        node = rank.nodes[node_id]
+        if node.type == pb.COMM_COLL_NODE:
+            key, needed = self.collective_key(rank, node_id)
             self.arrived[key].append((rank.rank, node_id))
-            if len(self.arrived[key]) == self.members[key[0]]:
+            if len(self.arrived[key]) == needed:
                 members = tuple(sorted(self.arrived.pop(key)))
                 self.collectives.append(members)
                 for member, member_node in members:
@@ -232,31 +315,37 @@ class _Simulation:
             self._point_to_point(rank, node, now)
 
     def _point_to_point(self, rank: _Rank, node: pb.Node, now: float) -> None:
-        key = (*transfer_peers(node, rank.rank), attr_value(node, "comm_tag"))
+        key = self.transfer_key(rank, node)
         here = (rank.rank, node.id)
         if node.type == pb.COMM_SEND_NODE:
-            self.start(rank, node.id, now, COMM)
+            arrives = self.start(rank, node.id, now, COMM)
             if self.recvs_waiting[key]:
                 receiver, recv_id = self.recvs_waiting[key].popleft()
                 self.transfers.append((here, (receiver, recv_id)))
                 self.start(self.ranks[receiver], recv_id, now, COMM)
             else:
-                self.sends_started[key].append(here)
+                self.sends_started[key].append((here, arrives))
         elif self.sends_started[key]:
-            # that SEND started no later than now
-            self.transfers.append((self.sends_started[key].popleft(), here))
-            self.start(rank, node.id, now, COMM)
+            # that SEND started no later than now: the RECV ends when its message arrives (now, if
+            # it already has), as in ASTRA-sim
+            send, arrives = self.sends_started[key].popleft()
+            self.transfers.append((send, here))
+            self.start(rank, node.id, now, COMM, arrives)
         else:
             self.recvs_waiting[key].append(here)
 
     def dispatch(self, now: float) -> None:
-        for rank_id in sorted(self.touched):
-            rank = self.ranks[rank_id]
-            if not rank.computing and rank.ready:
-                _, node_id = heapq.heappop(rank.ready)
-                rank.computing = True
-                self.start(rank, node_id, now, COMPUTE)
-        self.touched.clear()
+        while self.touched:
+            touched, self.touched = sorted(self.touched), set()
+            for rank_id in touched:
+                rank = self.ranks[rank_id]
+                if not rank.computing and rank.ready:
+                    _, node_id = heapq.heappop(rank.ready)
+                    rank.computing = True
+                    self.start(rank, node_id, now, COMPUTE)
+                if not rank.communicating and rank.comm_ready:
+                    rank.communicating = True
+                    self.issue(rank, heapq.heappop(rank.comm_ready), now)
 
     def _check_all_ran(self) -> None:
         for rank in self.ranks.values():
@@ -430,3 +519,133 @@ def _rank_summaries(timeline: Timeline) -> list[dict[str, Any]]:
 
 def _meta(kind: str, pid: int, tid: int, **args) -> dict[str, Any]:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+# -- one rank per class ----------------------------------------------------------------------------
+
+
+def _rank_classes(directory, files) -> list[list[int]] | None:
+    """The manifest's classes of ranks (each a list of ranks), or None where it records none, they
+    do not cover every rank once, or a class's first and last rank files differ in shape."""
+    prefix = parse_trace_name(files.paths[0])[0]
+    try:
+        manifest = read_manifest(directory, prefix) or {}
+    except Exception:  # an unreadable manifest: schedule every rank, whose check says why
+        return None
+    totals = manifest.get("rank_totals")
+    if not isinstance(totals, list) or not totals:
+        return None
+    classes: list[list[int]] = []
+    try:
+        for entry in totals:
+            ranks = [r for lo, hi in entry["ranks"] for r in range(int(lo), int(hi) + 1)]
+            classes.append(ranks)
+    except (KeyError, TypeError, ValueError):
+        return None
+    every = sorted(r for ranks in classes for r in ranks)
+    if every != list(range(files.num_ranks)) or len(files.paths) != files.num_ranks:
+        return None
+    by_rank = _paths_by_rank(files)
+    for ranks in classes:
+        if len(ranks) > 1 and _shape(read_trace(by_rank[ranks[0]])) != _shape(read_trace(by_rank[ranks[-1]])):
+            return None
+    return classes
+
+
+def _shape(trace: RankTrace) -> list[tuple]:
+    return [(n.id, n.type, tuple(n.ctrl_deps), tuple(n.data_deps)) for n in trace.nodes]
+
+
+class _PathsInOrder:
+    """`files.paths` as rank -> path where they are in rank order (checked on each look-up), so
+    that 131,072 names need not all be parsed."""
+
+    def __init__(self, paths):
+        self.paths = paths
+        self.parsed: dict[int, object] | None = None
+
+    def __getitem__(self, rank: int):
+        if self.parsed is None and rank < len(self.paths) and parse_trace_name(self.paths[rank])[1] == rank:
+            return self.paths[rank]
+        if self.parsed is None:
+            self.parsed = {parse_trace_name(path)[1]: path for path in self.paths}
+        return self.parsed[rank]
+
+
+def _paths_by_rank(files) -> _PathsInOrder:
+    return _PathsInOrder(files.paths)
+
+
+def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue: str) -> Timeline:
+    by_rank = _paths_by_rank(files)
+    traces = [read_trace(by_rank[ranks[0]]) for ranks in classes]
+    class_of = {}
+    for index, ranks in enumerate(classes):
+        for rank in ranks:
+            class_of[rank] = index
+    simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of, issue)
+    simulation.run()
+    slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
+    pieces: dict[int, list[Slice]] = defaultdict(list)
+    for piece in slices:
+        pieces[piece.rank].append(piece)
+    return Timeline(
+        slices,
+        [_rank_time(t.rank, pieces[t.rank]) for t in traces],
+        simulation.transfers,
+        simulation.collectives,
+        {ranks[0]: list(ranks) for ranks in classes},
+    )
+
+
+class _ClassSimulation(_Simulation):
+    """The representatives of the classes, each standing for its class (see the module docstring)."""
+
+    def __init__(self, traces, groups, timer: NodeTimer, classes: list[list[int]], class_of: dict[int, int],
+                 issue: str):
+        super().__init__(traces, groups, timer, issue)
+        self.class_of = class_of
+        self.num_classes = len(classes)
+        self.pattern: dict[int, tuple] = {}      # group -> its offsets from its lowest rank
+        self.siblings: dict[tuple, list[int]] = defaultdict(list)  # offsets -> the groups of that shape
+        for group, ranks in groups.items():
+            low = min(ranks) if ranks else 0
+            offsets = tuple(sorted(r - low for r in ranks))
+            self.pattern[group] = offsets
+            self.siblings[offsets].append(group)
+        self.pattern[ALL_RANKS] = ("all",)
+        self.class_keys = {rank_id: self._instances(rank) for rank_id, rank in self.ranks.items()}
+        self.classes_in: dict[int, int] = {}
+        self.shapes: dict[tuple, list] = {}
+
+    def _instances(self, rank: _Rank) -> dict[int, tuple]:
+        by_pattern: dict[tuple, list[int]] = defaultdict(list)
+        for node_id in sorted(rank.nodes):
+            if rank.nodes[node_id].type == pb.COMM_COLL_NODE:
+                by_pattern[self.pattern.get(group_id(rank.nodes[node_id]), ("missing",))].append(node_id)
+        return {node_id: (pattern, index) for pattern, ids in by_pattern.items() for index, node_id in enumerate(ids)}
+
+    def collective_key(self, rank: _Rank, node_id: int) -> tuple[tuple, int]:
+        group = group_id(rank.nodes[node_id])
+        if group not in self.classes_in:
+            members = range(len(self.class_of)) if group == ALL_RANKS else self.timer.groups.get(group, ())
+            self.classes_in[group] = len({self.class_of[m] for m in members if m in self.class_of}) or 1
+        return self.class_keys[rank.rank][node_id], self.classes_in[group]
+
+    def transfer_key(self, rank: _Rank, node: pb.Node) -> tuple:
+        src, dst = transfer_peers(node, rank.rank)
+        return (self.class_of.get(src, src), self.class_of.get(dst, dst), attr_value(node, "comm_tag"))
+
+    def duration(self, rank: _Rank, node: pb.Node) -> float:
+        """A collective takes as long as the slowest group of its shape; the rest as timed."""
+        model = self.timer.collectives
+        group = group_id(node) if node.type == pb.COMM_COLL_NODE else None
+        if model is None or group is None or group == ALL_RANKS or group not in self.pattern:
+            return self.timer.micros(node)
+        comm_type, size = attr_value(node, "comm_type"), attr_value(node, "comm_size")
+        if not (isinstance(comm_type, int) and isinstance(size, int)) or comm_type not in TIMED:
+            return self.timer.micros(node)
+        offsets = self.pattern[group]
+        if offsets not in self.shapes:
+            self.shapes[offsets] = list({model.ring_shape(self.timer.groups[g]) for g in self.siblings[offsets]})
+        return max(model.shaped_micros(comm_type, size, shape) for shape in self.shapes[offsets])

@@ -82,15 +82,16 @@ def extract_command(model: Path, point: Point, output: Path) -> list[str]:
 
 
 def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = None,
-              keep_traces: bool = False, processes: Processes | None = None) -> dict[str, Any]:
-    """Extract, schedule and (where ASTRA-sim is) simulate `point` in `workdir`; its record."""
+              keep_traces: bool = False, processes: Processes | None = None, engine: str = "auto") -> dict[str, Any]:
+    """Extract, schedule and simulate `point` in `workdir` (by `engine`, as `flint simulate
+    --engine`); its record."""
     processes = processes or Processes()
     started = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
     trace = workdir / "trace"
     record = base_record(point)
     try:
-        record |= _extract_and_simulate(model, point, trace, simulator, processes)
+        record |= _extract_and_simulate(model, point, trace, simulator, processes, engine)
     finally:
         if not keep_traces:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -99,7 +100,7 @@ def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = 
 
 
 def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str | None,
-                          processes: Processes) -> dict[str, Any]:
+                          processes: Processes, engine: str = "auto") -> dict[str, Any]:
     started = time.perf_counter()
     extracted = processes.run(extract_command(model, point, trace))
     record: dict[str, Any] = {"extract_seconds": round(time.perf_counter() - started, 3)}
@@ -107,7 +108,8 @@ def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str
         status = "skipped" if extracted.returncode == BAD_INPUT else "failed"
         return record | {"status": status, "reason": _one_line(extracted.stderr, extracted.returncode)}
     record |= from_extraction(json.loads(extracted.stdout))
-    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator)
+    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
+                              engine=engine)
     try:
         simulated = simulate(request).as_json()
     except FlintError as exc:
@@ -148,9 +150,22 @@ def from_extraction(summary: dict) -> dict[str, Any]:
     }
 
 
+def simulate_finalist(point: Point, trace: Path, simulator: str) -> dict[str, Any]:
+    """ASTRA-sim's step for a point the estimator ranked among the best (its trace kept), as the
+    fields it adds to the point's record."""
+    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
+                              engine="astra-sim", estimate=False, output=trace.parent / "astra-sim")
+    try:
+        result = simulate(request).as_json()
+    except FlintError as exc:
+        return {"finalist_reason": f"simulate: {exc}"[:300]}
+    return {"simulated_step_us": result["step_us"]}
+
+
 def from_simulation(result: dict) -> dict[str, Any]:
     slowest = next((r for r in result["per_rank"] if r["rank"] == result["slowest_rank"]), {})
-    simulated, estimated = result["step_us"], result["timeline_estimate_us"]
+    simulated = result["step_us"] if result.get("engine") == "astra-sim" else None
+    estimated = result["timeline_estimate_us"]
     return {
         "simulated_step_us": simulated,
         "estimated_step_us": estimated,

@@ -4,6 +4,7 @@ an interrupted sweep resumes where it stopped."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from flint.errors import FlintError
-from flint.exploration.point import PointInterrupted, Processes, base_record, run_point
+
+from flint.exploration.point import PointInterrupted, Processes, base_record, run_point, simulate_finalist
+from flint.exploration.rank import ranked
 from flint.exploration.results import ResultStore
 from flint.exploration.spec import Point, SweepSpec, read_spec
 from flint.simulation.run import find_simulator
@@ -32,6 +35,8 @@ class SweepRequest:
     retry_failed: bool = False
     keep_traces: bool = False
     simulator: str | None = None
+    finalists: int | None = None
+    """Rank every point by Flint's estimator and run ASTRA-sim on the best this many only."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,37 @@ def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = l
 
     run = _run_on_ray if request.ray is not None else _run_here
     run(request, spec, todo, simulator, record)
+    if request.finalists:
+        _simulate_finalists(request, spec, store, simulator)
     return SweepOutcome(spec, store.ordered(p.key for p in spec.points), len(todo), total - len(todo))
+
+
+def _engine(request: SweepRequest) -> str:
+    return "flint" if request.finalists else "auto"
+
+
+def _keep(request: SweepRequest) -> bool:
+    """Keep each point's trace: asked to, or until the finalists are simulated."""
+    return request.keep_traces or bool(request.finalists)
+
+
+def _simulate_finalists(request: SweepRequest, spec: SweepSpec, store: ResultStore, simulator: str | None) -> None:
+    """ASTRA-sim on the `finalists` best points by the estimator (whose traces this run kept; a
+    point from an earlier run without its trace keeps its estimate only); then the traces go,
+    unless kept."""
+    by_key = {p.key: p for p in spec.points}
+    records = store.ordered(p.key for p in spec.points)
+    best = [r for r in ranked(records)][: request.finalists]
+    try:
+        for record in best:
+            trace = _workdir(request, by_key[record["id"]]) / "trace"
+            if simulator is None or record.get("simulated_step_us") is not None or not trace.is_dir():
+                continue
+            store.add(record | {"finalist": True} | simulate_finalist(by_key[record["id"]], trace, simulator))
+    finally:
+        if not request.keep_traces:
+            for point in spec.points:
+                shutil.rmtree(_workdir(request, point), ignore_errors=True)
 
 
 def _workdir(request: SweepRequest, point: Point) -> Path:
@@ -83,8 +118,8 @@ def _workdir(request: SweepRequest, point: Point) -> Path:
 def _run_here(request, spec, todo, simulator, record) -> None:
     processes = Processes()
     with ThreadPoolExecutor(max_workers=request.jobs) as pool:
-        points = {pool.submit(run_point, spec.model, p, _workdir(request, p), simulator, request.keep_traces,
-                              processes): p for p in todo}
+        points = {pool.submit(run_point, spec.model, p, _workdir(request, p), simulator, _keep(request),
+                              processes, _engine(request)): p for p in todo}
         pending = set(points)
         try:
             while pending:
@@ -117,7 +152,8 @@ def _run_on_ray(request, spec, todo, simulator, record) -> None:
     ray.init(address=request.ray or None, include_dashboard=False, log_to_driver=False,
              ignore_reinit_error=True, configure_logging=False)
     remote = ray.remote(num_cpus=1)(run_point)
-    points = {remote.remote(spec.model, p, _workdir(request, p), simulator, request.keep_traces): p for p in todo}
+    points = {remote.remote(spec.model, p, _workdir(request, p), simulator, _keep(request), None,
+                            _engine(request)): p for p in todo}
     pending = list(points)
     try:
         while pending:

@@ -27,17 +27,23 @@ def _args(record: dict[str, Any]) -> str:
 def sweep_view(records: Sequence[dict[str, Any]], top: int, ran: int, reused: int) -> Group:
     best = ranked(records)
     simulated = any(r.get("simulated_step_us") is not None for r in best)
-    table = Table(title=f"best {min(top, len(best))} of {len(best)} points "
-                        f"(step: {'ASTRA-sim' if simulated else 'flint timeline estimate'})")
+    finalists = any(r.get("finalist") for r in best)
+    source = ("Flint's estimator; ASTRA-sim on the finalists" if finalists else
+              "ASTRA-sim" if simulated else "Flint's estimator")
+    table = Table(title=f"best {min(top, len(best))} of {len(best)} points (step: {source})")
+    steps = (("estimator ms", "right"), ("ASTRA-sim ms", "right")) if finalists else (("step ms", "right"),)
     for column, justify in (("#", "right"), ("mesh", "left"), ("strategy", "left"), ("pipeline", "left"),
-                            ("model args", "left"), ("step ms", "right"), ("GiB/rank", "right"),
-                            ("fits", "left")):
+                            ("model args", "left"), *steps, ("GiB/rank", "right"), ("fits", "left")):
         table.add_column(column, justify=justify, overflow="fold")
     for place, record in enumerate(best[:top], 1):
         memory = record.get("memory_per_rank_bytes")
         fits = {True: "yes", False: "[red]no[/]", None: "?"}[record.get("fits")]
+        simulated_us = record.get("simulated_step_us")
+        shown = [f"{record['step_us'] / 1e3:,.3f}"]
+        if finalists:
+            shown.append("-" if simulated_us is None else f"{simulated_us / 1e3:,.3f}")
         table.add_row(str(place), record["mesh"], record.get("strategy") or "model's", _pipeline(record),
-                      _args(record), f"{record['step_us'] / 1e3:,.3f}",
+                      _args(record), *shown,
                       "?" if memory is None else f"{memory / 2**30:,.2f}", fits)
     counts = Counter(r.get("status") for r in records)
     lines: list = [table, Text(f"{counts['ok']} ran, {counts['skipped']} skipped, {counts['failed']} failed "

@@ -1,31 +1,41 @@
-"""`flint simulate`: from a trace directory to the step time ASTRA-sim gives it on a machine.
+"""`flint simulate`: from a trace directory to the step time of one step on a machine.
 
 The machine is read from the trace's manifest (its mesh axes lay the network's dimensions out, its
-device sets the roofline) and the request (network preset or file, replay or roofline). Beside the
-simulator's result stands `flint timeline`'s estimate for the same trace and network (alpha-beta
-links, no contention), so a user sees how far the simple model is from the simulator.
+device sets the roofline) and the request (network preset or file, replay or roofline). Two engines
+give the step: ASTRA-sim itself (`astra-sim`), and Flint's estimator (`flint`): `flint timeline`'s
+schedule with communication timed as ASTRA-sim times it on the same network and system keys
+(`flint.trace.collectives`). By default (`auto`) ASTRA-sim runs where it is found and the trace has
+at most `ASTRA_SIM_MAX_RANKS` ranks, the estimator otherwise; the result says which ran. Beside
+ASTRA-sim's result stands the estimator's, so a user sees how far apart they are.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flint.analysis.timeline import load_timeline
+from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
-from flint.simulation.network import Network, network_for
 from flint.simulation.run import RankResult, find_simulator, run_simulator
+from flint.trace.collectives import SYSTEM, CollectiveModel
 from flint.trace.errors import TraceFormatError
+from flint.trace.network import mesh_axes, network_for
 from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
 from flint.trace.timing import Compute, Link, NodeTimer, reader_compute
 
 RESULT = "result.json"
 """The report's file in the simulation's directory."""
+ENGINES = ("auto", "astra-sim", "flint")
+"""`flint simulate --engine`: ASTRA-sim where it is found and within reach, else the estimator."""
+ASTRA_SIM_MAX_RANKS = 2048
+"""The most ranks `--engine auto` gives ASTRA-sim: its time and memory grow with the ranks (1,024
+took minutes), while the estimator answers in seconds at any scale."""
 
 
 @dataclass(frozen=True)
@@ -46,17 +56,22 @@ class SimulateRequest:
     estimate: bool = True
     timeout: float | None = None
     groups: Path | None = None
+    engine: str = "auto"
 
 
 @dataclass(frozen=True)
 class Simulation:
-    """The outcome: the inputs written, and the simulator's per-rank times if it ran."""
+    """The outcome: the inputs written, and the per-rank times of the engine that ran (`astra-sim`
+    or `flint`; none ran when ASTRA-sim was asked for and not found)."""
 
     inputs: SimulationInputs
     simulator: Path | None
     ranks: Sequence[RankResult]
     estimate_us: float | None
     known_issue: str | None
+    engine: str | None = None
+    seconds: float | None = None
+    notes: Sequence[str] = ()
 
     @property
     def ran(self) -> bool:
@@ -72,6 +87,8 @@ class Simulation:
             "trace": str(self.inputs.workload.parent),
             "ranks": self.inputs.network.npus,
             "network": self.inputs.network.as_json(),
+            "engine": self.engine,
+            "seconds": self.seconds,
             "device": self.inputs.device.name,
             "mode": "roofline" if self.inputs.roofline else "replay",
             "simulator": str(self.simulator) if self.simulator else None,
@@ -81,6 +98,7 @@ class Simulation:
             "slowest_rank": slowest.rank if slowest else None,
             "timeline_estimate_us": self.estimate_us,
             "known_issue": self.known_issue,
+            "notes": list(self.notes),
             "per_rank": [r.as_json(slowest.wall) for r in self.ranks],
         }
 
@@ -94,7 +112,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         raise FlintError(f"{exc}: give a directory written by `flint extract`") from None
     prefix = parse_trace_name(files.paths[0])[0]
     manifest = _manifest(request.directory, prefix)
-    axes = _mesh_axes(manifest, files.num_ranks)
+    axes = mesh_axes(manifest, files.num_ranks)
     if request.device and not request.roofline:
         raise FlintError("--device times compute in ASTRA-sim's roofline mode: add --roofline (replay "
                          "mode replays the trace's own durations; extract again with --device to change them)")
@@ -115,18 +133,34 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         system_overrides=read_system_overrides(request.system) if request.system else {},
     )
     inputs.write()
-    simulator = find_simulator(request.simulator)
-    estimate = _estimate(request, compute, network) if request.estimate else None
+    if request.engine not in ENGINES:
+        raise FlintError(f"unknown --engine {request.engine!r}: use one of {', '.join(ENGINES)}")
+    model = CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides})
+    notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
+             for found in [model.unmodelled()] if found]
+    simulator = find_simulator(request.simulator) if request.engine != "flint" else None
+    use_flint = request.engine == "flint" or (
+        request.engine == "auto" and (simulator is None or files.num_ranks > ASTRA_SIM_MAX_RANKS))
+    if use_flint:
+        began = time.perf_counter()
+        step, ranks = estimate(request, compute, model)
+        seconds = time.perf_counter() - began
+        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes)
+        (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
+        return simulation
+    estimated = estimate(request, compute, model)[0] if request.estimate else None
     if simulator is None:
-        return Simulation(inputs, None, [], estimate, None)
+        return Simulation(inputs, None, [], estimated, None, notes=notes)
     multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
+    began = time.perf_counter()
     run = run_simulator(inputs.command(simulator), inputs.directory, files.num_ranks, multi_group,
                         lambda done: on_progress(done, files.num_ranks), request.timeout)
     known = None
     if run.returncode != 0:
         known = (f"ASTRA-sim crashed at teardown (exit {run.returncode}) after every rank finished: a "
                  "known upstream issue with ranks in two or more communicator groups; the results are complete")
-    simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimate, known)
+    simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimated, known,
+                            "astra-sim", time.perf_counter() - began, notes if estimated is not None else [])
     (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
     return simulation
 
@@ -139,21 +173,16 @@ def _manifest(directory: Path, prefix: str) -> dict:
         raise FlintError(f"{exc}: extract the trace again") from None
 
 
-def _mesh_axes(manifest: dict, num_ranks: int) -> list[tuple[str, int]]:
-    """The mesh's (axis, size) pairs, outermost first; one axis of every rank without a manifest."""
-    mesh = manifest.get("mesh") or {}
-    names, shape = mesh.get("axis_names"), mesh.get("shape")
-    if isinstance(names, list) and isinstance(shape, list) and len(names) == len(shape):
-        return list(zip(names, shape))
-    return [("ranks", num_ranks)]
-
-
-def _estimate(request: SimulateRequest, compute: Compute, network: Network) -> float:
-    """`flint timeline`'s step time for the trace on `network` (each group's slowest link), its
-    compute timed as ASTRA-sim times it: the trace's durations, or the roofline in roofline mode."""
+def estimate(request: SimulateRequest, compute: Compute, model: CollectiveModel
+             ) -> tuple[float, list[RankResult]]:
+    """The estimator's step (µs) and each rank's times (as ASTRA-sim reports them, in ns): `flint
+    timeline`'s schedule with communication timed by `model`, compute as ASTRA-sim times it (the
+    trace's durations, or the roofline in roofline mode)."""
     timeline = load_timeline(
         request.directory, request.prefix,
-        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, network.link_for),
-        request.groups,
+        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model),
+        request.groups, issue=AS_ASTRA_SIM,
     )
-    return timeline.step
+    ranks = [RankResult(r.rank, wall=r.step * 1e3, compute=r.compute * 1e3, communication=r.communication * 1e3,
+                        overlap=(r.communication - r.exposed) * 1e3, finished=True) for r in timeline.every_rank()]
+    return timeline.step, ranks

@@ -22,16 +22,9 @@ from typing import Any
 
 from flint.devices import Device
 from flint.errors import FlintError
-from flint.simulation.network import Network
+from flint.trace.collectives import SYSTEM
+from flint.trace.network import Network
 
-SYSTEM = {
-    "scheduling-policy": "LIFO",
-    "endpoint-delay": 10,
-    "active-chunks-per-dimension": 2,
-    "preferred-dataset-splits": 4,
-    "collective-optimization": "localBWAware",
-    "boost-mode": 0,
-}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
 LOGGING = """\

@@ -25,10 +25,17 @@ def simulation_view(simulation: Simulation) -> Group:
                           f"{inputs.directory}; run"))
         lines.append(Text("  " + inputs.shell_command("astra-sim")))
         if estimate is not None:
-            lines.append(Text(f"flint timeline's estimate of the step: {estimate:,.1f} µs"))
+            lines.append(Text(f"Flint's estimator gives the step: {estimate:,.1f} µs"))
+        for note in simulation.notes:
+            lines.append(Text(f"note: {note}", style="yellow"))
         return Group(*lines)
     slowest = simulation.slowest
-    beside = f"   (flint timeline's estimate: {estimate:,.1f} µs)" if estimate is not None else ""
+    beside = ""
+    if simulation.engine != "flint" and estimate is not None:
+        beside = f"   (Flint's estimator: {estimate:,.1f} µs)"
+    took = f" in {simulation.seconds:,.1f} s" if simulation.seconds is not None else ""
+    engine = "Flint's estimator (no ASTRA-sim)" if simulation.engine == "flint" else "ASTRA-sim"
+    lines.append(Text(f"engine: {engine}{took}"))
     lines.append(Text(f"step {slowest.wall / 1e3:,.1f} µs (slowest rank {slowest.rank}){beside}"))
     table = Table(box=None, padding=(0, 2))
     table.add_column("per rank, µs")
@@ -41,5 +48,11 @@ def simulation_view(simulation: Simulation) -> Group:
     lines.append(table)
     if simulation.known_issue:
         lines.append(Text(f"note: {simulation.known_issue}", style="yellow"))
-    lines.append(Text(f"ASTRA-sim's inputs, output and result.json are in {inputs.directory}"))
+    for note in simulation.notes:
+        lines.append(Text(f"note: {note}", style="yellow"))
+    if simulation.engine == "flint":
+        lines.append(Text(f"ASTRA-sim's inputs and result.json are in {inputs.directory}; run"))
+        lines.append(Text("  " + inputs.shell_command(simulation.simulator or "astra-sim")))
+    else:
+        lines.append(Text(f"ASTRA-sim's inputs, output and result.json are in {inputs.directory}"))
     return Group(*lines)

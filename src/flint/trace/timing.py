@@ -1,4 +1,5 @@
-"""How long one Chakra node takes: the trace's own durations for compute, alpha-beta for communication.
+"""How long one Chakra node takes: the trace's own durations for compute, the network's model for
+communication.
 
 `flint timeline` schedules with these times, `flint inspect` ranks nodes by them, `flint validate`
 sets them beside measured ones and `flint simulate` estimates with them, so all of them agree with
@@ -10,8 +11,10 @@ each other and with the trace.
   a reader times them again from `num_ops`, `tensor_size` and `gemm` on a device (by default the
   one the manifest records); a node without those attributes (a foreign trace) keeps its
   `duration_micros`.
-- Collectives over a group of n ranks, ring algorithm, `comm_size` S in Chakra's convention:
-  `steps * alpha + moved / bandwidth` with
+- Communication, given a network (`collectives`): as ASTRA-sim times it on that network, by
+  `flint.trace.collectives.CollectiveModel`. Every reader passes one (`--network`, hgx by default).
+- Communication without a network (a bare `Link`, e.g. in unit tests): collectives over a group of
+  n ranks, ring algorithm, `comm_size` S in Chakra's convention: `steps * alpha + moved / bandwidth` with
 
   | collective     | S is               | steps    | bytes each rank moves |
   |----------------|--------------------|----------|-----------------------|
@@ -23,19 +26,21 @@ each other and with the trace.
   BROADCAST is replayed from `duration_micros`, as ASTRA-sim does.
 - SEND/RECV: `alpha + S / bandwidth`, one hop.
 
-The link model is deliberately simple: one bandwidth for every link and no sharing between
+The bare link model is deliberately simple: one bandwidth for every link and no sharing between
 concurrent transfers, so communication times are a lower bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from flint.devices import BUILTIN, Device, load_device
 from flint.devices.kernels import kernel_micros
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
+from flint.trace.collectives import SYSTEM, TIMED, CollectiveModel
+from flint.trace.network import PRESETS, mesh_axes, network_for, one_link
 from flint.trace.node_rules import ALL_RANKS, parse_group_id
 from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes
 
@@ -103,20 +108,39 @@ def reader_compute(device_spec: str | None, durations: str | None, manifest: Map
     return Compute(Device.from_json(dict(recorded), "the manifest's device"), durations)
 
 
+DEFAULT_NETWORK = "hgx"
+"""The network every reader lays over the mesh unless told otherwise (`--network`)."""
+
+
+def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks: int,
+                       link_gbps: float | None = None, link_latency_us: float | None = None,
+                       system: Mapping | None = None) -> CollectiveModel:
+    """The communication model of a reader: `network` (a preset or an ASTRA-sim YAML file, hgx by
+    default) over the manifest's mesh, or, given `link_gbps` or `link_latency_us`, one fully
+    connected link of that bandwidth (GB/s) and latency (µs per hop; the other from the `flat`
+    preset); reductions at the memory bandwidth of the manifest's device (an H100's without one),
+    with Flint's ASTRA-sim system keys and `system`'s over them, as `flint simulate` writes them."""
+    if link_gbps is not None or link_latency_us is not None:
+        flat = PRESETS["flat"][0]
+        chosen = one_link(num_ranks, flat.bandwidth_gbps if link_gbps is None else link_gbps,
+                          flat.latency_ns if link_latency_us is None else link_latency_us * 1e3)
+    else:
+        chosen = network_for(network or DEFAULT_NETWORK, mesh_axes(dict(manifest or {}), num_ranks))
+    recorded = (manifest or {}).get("device")
+    device = reader_compute(None, "roofline", manifest).device if isinstance(recorded, Mapping) else BUILTIN["h100"]
+    return CollectiveModel(chosen, device.mem_bw_gbps, {**SYSTEM, **(system or {})})
+
+
 @dataclass(frozen=True)
 class NodeTimer:
     """Times the nodes of one trace set; `groups` maps a `pg_name` id to its ranks. With
-    `link_among`, traffic among some ranks takes the link it returns for them (a network whose
-    tiers differ), else `link`."""
+    `collectives`, communication is timed on its network as ASTRA-sim times it; else by `link`."""
 
     compute: Compute
     link: Link
     groups: Mapping[int, Sequence[int]]
     num_ranks: int
-    link_among: Callable[[Sequence[int]], Link] | None = None
-
-    def _link(self, ranks: Sequence[int]) -> Link:
-        return self.link_among(ranks) if self.link_among else self.link
+    collectives: CollectiveModel | None = None
 
     def group_size(self, node: pb.Node) -> int | None:
         """How many ranks take part in a collective, or None for a group the groups file lacks."""
@@ -147,13 +171,16 @@ class NodeTimer:
             return device.micros(0, attrs["tensor_size"])
         size = attrs.get("comm_size")
         if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) and size is not None:
-            peers = [attrs[k] for k in ("comm_src", "comm_dst") if k in attrs]
-            return self._link(peers).transfer_micros(1, size)
+            if self.collectives is not None and "comm_src" in attrs and "comm_dst" in attrs:
+                return self.collectives.transfer_micros(attrs["comm_src"], attrs["comm_dst"], size)
+            return self.link.transfer_micros(1, size)
         ranks = self.group_ranks(node) if node.type == pb.COMM_COLL_NODE else None
+        if ranks and size is not None and self.collectives is not None and attrs.get("comm_type") in TIMED:
+            return self.collectives.collective_micros(attrs["comm_type"], size, ranks)
         if ranks and size is not None and attrs.get("comm_type") in _RING:
             steps, moved = _RING[attrs["comm_type"]]
             n = len(ranks)
-            return self._link(ranks).transfer_micros(steps(n), moved(n, size))
+            return self.link.transfer_micros(steps(n), moved(n, size))
         return float(node.duration_micros)
 
 

@@ -1,0 +1,205 @@
+"""The simulated machine's network: ASTRA-sim's multi-dimensional topology, laid over the mesh.
+
+ASTRA-sim numbers NPUs with its first network dimension varying fastest (NPU id = a0 + n0 * (a1 +
+n1 * ...)), and Flint numbers ranks with the mesh's last axis varying fastest. So network dimension
+0 carries the mesh's innermost axes: on the `hgx` preset the innermost 8 ranks (a tensor-parallel
+group of up to 8) share one NVLink node, and the outer axes cross the scale-out fabric. An axis that
+straddles a node boundary is split (its low factor inside the node, its high factor outside), which
+keeps the numbering exact.
+
+How ASTRA-sim routes (astra-network-analytical, congestion unaware): a message between two NPUs
+travels on the lowest dimension in which their addresses differ, at that dimension's bandwidth and
+latency; a collective on a communicator group smaller than the machine runs as a ring over the
+group's members. So a group's collectives run on the dimensions its members span, and changing a
+dimension no group spans changes nothing. `flint.trace.collectives` times collectives this way.
+
+It lives in `trace` so that every reader of a trace (`flint timeline`, `flint simulate`, sweep)
+lays the same network over the mesh; `flint.simulation.network` re-exports it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from flint.errors import FlintError
+
+TOPOLOGIES = ("Ring", "Switch", "FullyConnected")
+"""The basic topologies of ASTRA-sim's analytical network backends."""
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One network dimension: `npus` ranks on a `topology`, each link at `bandwidth_gbps` GB/s
+    (10^9 bytes/s) and `latency_ns` per hop; `axes` names the mesh axes (or parts) it carries."""
+
+    topology: str
+    npus: int
+    bandwidth_gbps: float
+    latency_ns: float
+    axes: tuple[str, ...] = ()
+
+    def as_json(self) -> dict:
+        return {"topology": self.topology, "npus": self.npus, "bandwidth_gbps": self.bandwidth_gbps,
+                "latency_ns": self.latency_ns, "axes": list(self.axes)}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A preset's building block: a fabric whose domain holds `size` ranks (None: all the rest)."""
+
+    topology: str
+    size: int | None
+    bandwidth_gbps: float
+    latency_ns: float
+
+
+PRESETS: dict[str, tuple[Tier, ...]] = {
+    # ASTRA-sim's validated HGX-H100 node (8 GPUs on an NVLink switch: 400 GB/s, 936.25 ns), and a
+    # scale-out switch of one 400 Gb/s NIC per GPU (50 GB/s) at 2 µs per hop across nodes.
+    "hgx": (Tier("Switch", 8, 400.0, 936.25), Tier("Switch", None, 50.0, 2000.0)),
+    # A 72-GPU NVLink domain (GB200 NVL72: 900 GB/s per GPU), the same scale-out beyond it.
+    "nvl72": (Tier("Switch", 72, 900.0, 936.25), Tier("Switch", None, 50.0, 2000.0)),
+    # One switch over every rank at NVLink speed: communication with no slower tier.
+    "flat": (Tier("Switch", None, 400.0, 936.25),),
+}
+"""Built-in networks for `flint simulate --network`; a YAML file in ASTRA-sim's format is the
+alternative."""
+
+
+@dataclass(frozen=True)
+class Network:
+    """ASTRA-sim's network configuration, dimension 0 first."""
+
+    dimensions: tuple[Dimension, ...]
+    name: str
+
+    @property
+    def npus(self) -> int:
+        return math.prod(d.npus for d in self.dimensions)
+
+    def to_yaml(self) -> str:
+        """The `--network-configuration` file of ASTRA-sim's analytical backends."""
+        rows = {
+            "topology": [d.topology for d in self.dimensions],
+            "npus_count": [d.npus for d in self.dimensions],
+            "bandwidth": [d.bandwidth_gbps for d in self.dimensions],
+            "latency": [d.latency_ns for d in self.dimensions],
+        }
+        lines = [f"# {self.name}: " + ", ".join(_describe(d) for d in self.dimensions)]
+        lines += [f"{key}: [ {', '.join(map(str, values))} ]" for key, values in rows.items()]
+        return "\n".join(lines) + "\n"
+
+    def dimensions_spanned(self, ranks: Sequence[int]) -> list[int]:
+        """The dimensions in which some of `ranks` differ: where their traffic travels."""
+        addresses = {self.address(rank) for rank in ranks}
+        return [dim for dim in range(len(self.dimensions)) if len({a[dim] for a in addresses}) > 1]
+
+    def address(self, rank: int) -> tuple[int, ...]:
+        coords = []
+        for dim in self.dimensions:
+            rank, coord = divmod(rank, dim.npus)
+            coords.append(coord)
+        return tuple(coords)
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "dimensions": [d.as_json() for d in self.dimensions]}
+
+
+def _describe(dim: Dimension) -> str:
+    axes = "+".join(dim.axes) or "ranks"
+    return f"{axes} {dim.npus} on {dim.topology} {dim.bandwidth_gbps:g} GB/s {dim.latency_ns:g} ns"
+
+
+def mesh_axes(manifest: dict | None, num_ranks: int) -> list[tuple[str, int]]:
+    """The mesh's (axis, size) pairs, outermost first, from a trace's manifest; one axis of every
+    rank without one (another producer's trace)."""
+    mesh = (manifest or {}).get("mesh") or {}
+    names, shape = mesh.get("axis_names"), mesh.get("shape")
+    if isinstance(names, list) and isinstance(shape, list) and len(names) == len(shape):
+        return list(zip(names, shape))
+    return [("ranks", num_ranks)]
+
+
+def one_link(num_ranks: int, bandwidth_gbps: float, latency_ns: float) -> Network:
+    """Every rank one hop from every other at one bandwidth and latency: `--link-gbps` and
+    `--link-latency-us`."""
+    dimension = Dimension("FullyConnected", num_ranks, bandwidth_gbps, latency_ns, ("ranks",))
+    return Network((dimension,), f"one link of {bandwidth_gbps:g} GB/s, {latency_ns / 1e3:g} µs")
+
+
+def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
+    """The network `spec` (a preset name or an ASTRA-sim YAML file) for a mesh of `axes` (name and
+    size, outermost first, as the manifest records them)."""
+    if spec in PRESETS:
+        return Network(_lay_out(PRESETS[spec], axes), spec)
+    path = Path(spec)
+    if path.suffix not in (".yml", ".yaml"):
+        raise FlintError(f"unknown --network {spec!r}: use one of {', '.join(PRESETS)} or a .yml file")
+    network = read_network(path)
+    ranks = math.prod(size for _, size in axes)
+    if network.npus != ranks:
+        sizes = "x".join(str(d.npus) for d in network.dimensions)
+        raise FlintError(f"network {spec} has {network.npus} NPUs ({sizes}) but the trace has {ranks} ranks: "
+                         "make npus_count multiply to the rank count")
+    return network
+
+
+def _lay_out(tiers: Sequence[Tier], axes: Sequence[tuple[str, int]]) -> tuple[Dimension, ...]:
+    """One dimension per tier, over the mesh axes (innermost first), or their low factors, that fit
+    in its domain; the last tier takes the rest. Once an axis spills over, every outer axis is
+    outside too: a domain is a block of consecutive ranks."""
+    pending = [(name, size) for name, size in reversed(axes) if size > 1]
+    dimensions = []
+    for index, tier in enumerate(tiers):
+        last = index == len(tiers) - 1
+        room, npus, names = tier.size or 1, 1, []
+        outside: list[tuple[str, int]] = []
+        for name, size in pending:
+            inside = 1 if outside else size if last else math.gcd(size, room)
+            if inside > 1:
+                npus, room, names = npus * inside, room // inside, [*names, name]
+            if inside < size:
+                outside.append((name, size // inside))
+        if npus > 1:
+            dimensions.append(Dimension(tier.topology, npus, tier.bandwidth_gbps, tier.latency_ns, tuple(names)))
+        pending = outside
+    first = tiers[0]
+    return tuple(dimensions) or (Dimension(first.topology, 1, first.bandwidth_gbps, first.latency_ns),)
+
+
+def read_network(path: Path) -> Network:
+    """An ASTRA-sim network YAML (topology, npus_count, bandwidth, latency: one entry per dimension)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise FlintError(f"network file {path} not found") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise FlintError(f"cannot read network file {path}: {_first_line(exc)}") from None
+    keys = ("topology", "npus_count", "bandwidth", "latency")
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in keys):
+        raise FlintError(f"network file {path} needs lists {', '.join(keys)} (ASTRA-sim's format)")
+    if len({len(data[k]) for k in keys}) != 1 or not data["topology"]:
+        raise FlintError(f"network file {path}: {', '.join(keys)} must have one entry per dimension each")
+    dimensions = []
+    for topology, npus, bandwidth, latency in zip(*(data[k] for k in keys)):
+        if topology not in TOPOLOGIES:
+            raise FlintError(f"network file {path}: topology {topology!r} is not one of {', '.join(TOPOLOGIES)}")
+        if not (isinstance(npus, int) and npus >= 1 and _positive(bandwidth) and _positive(latency, zero=True)):
+            raise FlintError(f"network file {path}: npus_count must be positive integers, bandwidth (GB/s) "
+                             "positive and latency (ns) non-negative numbers")
+        dimensions.append(Dimension(topology, npus, float(bandwidth), float(latency)))
+    return Network(tuple(dimensions), str(path))
+
+
+def _positive(value, zero: bool = False) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and (value >= 0 if zero else value > 0)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
