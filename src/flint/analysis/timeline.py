@@ -64,7 +64,7 @@ from flint.trace.reader import (
     transfer_peers,
 )
 from flint.trace.collectives import TIMED
-from flint.trace.timing import NodeTimer, group_id
+from flint.trace.timing import COMPUTE_TYPES, NodeTimer, group_id
 
 READY_FIRST, AS_ASTRA_SIM = "ready-first", "as-astra-sim"
 """The orders in which a rank's ready nodes issue (see the module docstring)."""
@@ -75,7 +75,6 @@ class (see the module docstring)."""
 COMPUTE, COMM, UNIT = "compute", "comm", "unit"
 SEND_RECV, COLLECTIVE = "send/recv", "collective"
 """The names of the two kinds of flow arrows."""
-_COMPUTE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
 
 
 @dataclass(frozen=True)
@@ -184,6 +183,11 @@ def schedule(
     """Schedule every rank of a contract-abiding trace set (see the module docstring)."""
     simulation = _Simulation(traces, groups, timer, issue)
     simulation.run()
+    return _timeline(simulation, traces)
+
+
+def _timeline(simulation, traces: Sequence[RankTrace], classes: dict[int, list[int]] | None = None) -> Timeline:
+    """The finished simulation's slices in rank order, each scheduled rank's totals."""
     slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
     by_rank: dict[int, list[Slice]] = defaultdict(list)
     for piece in slices:
@@ -193,6 +197,7 @@ def schedule(
         [_rank_time(t.rank, by_rank[t.rank]) for t in traces],
         simulation.transfers,
         simulation.collectives,
+        classes,
     )
 
 
@@ -279,7 +284,7 @@ class _Simulation:
     def finish(self, rank: _Rank, node_id: int, now: float) -> None:
         rank.finished.add(node_id)
         node_type = rank.nodes[node_id].type
-        if node_type in _COMPUTE_TYPES:
+        if node_type in COMPUTE_TYPES:
             rank.computing = False
             self.touched.add(rank.rank)
         elif self.as_astra_sim and node_type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
@@ -292,7 +297,7 @@ class _Simulation:
 
     def ready(self, rank: _Rank, node_id: int, now: float) -> None:
         node = rank.nodes[node_id]
-        if node.type in _COMPUTE_TYPES:
+        if node.type in COMPUTE_TYPES:
             heapq.heappush(rank.ready, (0.0 if self.as_astra_sim else now, node_id))
             self.touched.add(rank.rank)
         elif self.as_astra_sim and node.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE):
@@ -585,17 +590,7 @@ def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue:
             class_of[rank] = index
     simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of, issue)
     simulation.run()
-    slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
-    pieces: dict[int, list[Slice]] = defaultdict(list)
-    for piece in slices:
-        pieces[piece.rank].append(piece)
-    return Timeline(
-        slices,
-        [_rank_time(t.rank, pieces[t.rank]) for t in traces],
-        simulation.transfers,
-        simulation.collectives,
-        {ranks[0]: list(ranks) for ranks in classes},
-    )
+    return _timeline(simulation, traces, {ranks[0]: list(ranks) for ranks in classes})
 
 
 class _ClassSimulation(_Simulation):

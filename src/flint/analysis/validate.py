@@ -37,7 +37,7 @@ from flint.mesh import MeshSpec
 from flint.schema import et_def_pb2 as pb
 from flint.trace.node_rules import ALL_RANKS
 from flint.trace.reader import RankTrace, attr_value, find_traces, read_trace_set
-from flint.trace.timing import Compute, Link, NodeTimer, group_id
+from flint.trace.timing import COMPUTE_TYPES, Compute, Link, NodeTimer, group_id
 
 COLLECTIVE_KIND = {
     "all-reduce": "ALL_REDUCE",
@@ -48,7 +48,6 @@ COLLECTIVE_KIND = {
 }
 PERMUTE = "collective-permute"
 CONTROL_FLOW = frozenset({"while", "conditional", "call"})
-_COMPUTE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
 _SAME_KIND = {"dot_general": "dot", "broadcast_in_dim": "broadcast"}
 """StableHLO names of ops whose HLO opcode is spelled differently."""
 
@@ -248,7 +247,7 @@ def compare(
         matched += rank_matched
         disagreements += rank_disagreements
         compute_executed[trace.rank] = sum(1 for op in executed if is_compute(op.instruction))
-        compute_traced[trace.rank] = sum(1 for node in trace.nodes if node.type in _COMPUTE_TYPES)
+        compute_traced[trace.rank] = sum(1 for node in trace.nodes if node.type in COMPUTE_TYPES)
     return Validation(
         num_ranks=len(traces),
         matched=matched,

@@ -48,18 +48,7 @@ def plan_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> di
 
     dims: dict[str, int | None] = {}
     modules, params = dict(net.named_modules()), dict(net.named_parameters())
-    base = getattr(net, "base_model_prefix", "")
-    for pattern, style in plan.items():
-        if style not in PLAN_STYLES and style not in MODULE_STYLES:
-            raise FlintError(
-                f"{path.name}: tp_plan[{pattern!r}] = {style!r}: use one of "
-                f"{', '.join([*PLAN_STYLES, *MODULE_STYLES])}"
-            )
-        matched = _matches(pattern, modules, params, base)
-        if not matched and not own:
-            raise FlintError(f"{path.name}: tp_plan entry {pattern!r} matches no module or parameter of model()")
-        if style in MODULE_STYLES:
-            continue
+    for pattern, style, matched in _plan_entries("tp_plan", PLAN_STYLES, net, plan, path, own):
         split = PLAN_STYLES[style]
         for name in matched:
             if name in params:
@@ -117,18 +106,8 @@ def expert_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> 
     `transformers` config's `base_model_ep_plan`): `grouped_gemm` splits a stacked expert weight
     [E, ...] by expert; a module's style (`ep_dispatch_experts`) splits nothing of its own."""
     dims: dict[str, int] = {}
-    modules, params = dict(net.named_modules()), dict(net.named_parameters())
-    base = getattr(net, "base_model_prefix", "")
-    for pattern, style in plan.items():
-        if style not in EP_STYLES and style not in MODULE_STYLES:
-            raise FlintError(
-                f"{path.name}: ep_plan[{pattern!r}] = {style!r}: use one of {', '.join([*EP_STYLES, *MODULE_STYLES])}"
-            )
-        matched = _matches(pattern, modules, params, base)
-        if not matched and not own:
-            raise FlintError(f"{path.name}: ep_plan entry {pattern!r} matches no module or parameter of model()")
-        if style in MODULE_STYLES:
-            continue
+    params = dict(net.named_parameters())
+    for pattern, style, matched in _plan_entries("ep_plan", EP_STYLES, net, plan, path, own):
         for name in matched:
             if name not in params:
                 raise FlintError(
@@ -137,6 +116,24 @@ def expert_dims(net, plan: Mapping[str, str], path: Path, own: bool = False) -> 
                 )
             dims[name] = EP_STYLES[style]
     return dims
+
+
+def _plan_entries(kind: str, styles: Mapping, net, plan: Mapping[str, str], path: Path, own: bool):
+    """Each entry of a `kind` plan (`tp_plan`, `ep_plan`) whose style splits something, with the
+    module and parameter names it matches; an unknown style, or (outside the model's `own` plan)
+    an entry matching nothing, is refused."""
+    modules, params = dict(net.named_modules()), dict(net.named_parameters())
+    base = getattr(net, "base_model_prefix", "")
+    for pattern, style in plan.items():
+        if style not in styles and style not in MODULE_STYLES:
+            raise FlintError(
+                f"{path.name}: {kind}[{pattern!r}] = {style!r}: use one of {', '.join([*styles, *MODULE_STYLES])}"
+            )
+        matched = _matches(pattern, modules, params, base)
+        if not matched and not own:
+            raise FlintError(f"{path.name}: {kind} entry {pattern!r} matches no module or parameter of model()")
+        if style not in MODULE_STYLES:
+            yield pattern, style, matched
 
 
 def _parameter_dim(split: str | None, ndim: int) -> int | None:

@@ -49,7 +49,8 @@ DEFAULT_LINK_GBPS = 400.0
 DEFAULT_LINK_LATENCY_US = 5.0
 """Microseconds per ring step: a collective launch plus one hop."""
 
-_COMPUTE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
+COMPUTE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
+"""Node types that run on a rank's compute stream, timed as compute."""
 
 _RING = {
     # comm_type: (steps, bytes moved per rank) as functions of n and S
@@ -157,7 +158,7 @@ class NodeTimer:
     def micros(self, node: pb.Node) -> float:
         """The node's time in microseconds: compute as `compute` says, communication by the
         link model."""
-        if node.type in _COMPUTE_TYPES and self.compute.device is None:
+        if node.type in COMPUTE_TYPES and self.compute.device is None:
             return float(node.duration_micros)
         found = attributes(node)
         attrs = {name: attribute_value(attr) for name, attr in found.items()
