@@ -651,8 +651,9 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @_groups_option
 def simulate(directory, network, roofline, device_spec, system, simulator, output, prefix, estimate, timeout,
              engine, as_json, groups_file):
-    """Simulate one step on a machine, with ASTRA-sim or Flint's estimator.
+    """Simulate one step on a machine.
 
+    By ASTRA-sim, or by Flint's estimator (--engine).
     Writes ASTRA-sim's system, network and memory files for the trace in DIRECTORY: one network
     dimension per tier of the --network (the mesh's innermost axes on the fastest), the device from
     the trace's manifest. Runs the --engine and reports the step (the slowest rank), where each
