@@ -12,6 +12,6 @@ May import: the foundation, `trace`, `analysis`.
 """
 
 from flint.simulation.driver import SimulateRequest, Simulation, simulate
-from flint.simulation.network import PRESETS, Network, network_for
+from flint.trace.network import PRESETS, Network, network_for
 
 __all__ = ["PRESETS", "Network", "SimulateRequest", "Simulation", "network_for", "simulate"]

@@ -14,7 +14,7 @@ group's members. So a group's collectives run on the dimensions its members span
 dimension no group spans changes nothing. `flint.trace.collectives` times collectives this way.
 
 It lives in `trace` so that every reader of a trace (`flint timeline`, `flint simulate`, sweep)
-lays the same network over the mesh; `flint.simulation.network` re-exports it.
+lays the same network over the mesh.
 """
 
 from __future__ import annotations
