@@ -457,14 +457,10 @@ def _network_options(command):
 
 def _compute(path: Path, files, device_spec: str | None, durations: str | None):
     """How the trace at `path` (a directory or one of its files) times compute."""
-    from flint.trace.reader import parse_trace_name, read_manifest
     from flint.trace.timing import reader_compute
 
-    manifest = None
-    if durations not in (None, "trace") or device_spec:
-        directory = path if path.is_dir() else path.parent
-        manifest = read_manifest(directory, parse_trace_name(files.paths[0])[0])
-    return reader_compute(device_spec, durations, manifest)
+    asked = durations not in (None, "trace") or device_spec
+    return reader_compute(device_spec, durations, _manifest_of(path, files) if asked else None)
 
 
 def _manifest_of(path: Path, files) -> dict | None:
@@ -844,10 +840,7 @@ def calibrate(profile, trace, output, rank, device_spec, name, as_json):
         raise FlintError(f"--output {str(output)!r}: a device file ends in .toml")
     measured = read_profile(profile)
     files = _trace_files(trace, None, None if trace.is_file() else rank)
-    from flint.trace.reader import parse_trace_name, read_manifest
-
-    manifest = read_manifest(trace if trace.is_dir() else trace.parent, parse_trace_name(files.paths[0])[0])
-    base = reader_compute(device_spec, "calibrated", manifest).device
+    base = reader_compute(device_spec, "calibrated", _manifest_of(trace, files)).device
     fit = fit_device(measured, _read_trace(files.paths[0]), base, name or f"{base.name}-calibrated")
     try:
         output.write_text(device_toml(fit, profile.name))

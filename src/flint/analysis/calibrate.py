@@ -30,7 +30,7 @@ from flint.devices import Device
 from flint.devices.kernels import calibrated_micros
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import RankTrace, attribute_value, attributes
+from flint.trace.reader import RankTrace, attribute_value, attributes, gemm_shape
 
 GEMM_KERNEL = re.compile(r"nvjet|gemm|cutlass|cublas|xmma|matmul|s\d{3,}_|sm\d\d_", re.IGNORECASE)
 """Names of GEMM kernels: cuBLAS(Lt)'s `nvjet_*`, `sm90_xmma_*`, CUTLASS's, XLA's `gemm_fusion_*`."""
@@ -104,9 +104,8 @@ def trace_kernels(trace: RankTrace) -> list[Kernel]:
         attrs = attributes(node)
         if "num_ops" not in attrs or "tensor_size" not in attrs:
             continue
-        gemm = list(attrs["gemm"].int64_list.values) if "gemm" in attrs else None
         found.append(Kernel(int(attribute_value(attrs["num_ops"])), int(attribute_value(attrs["tensor_size"])),
-                            gemm if gemm and len(gemm) == 5 else None))
+                            gemm_shape(node)))
     if not found:
         raise FlintError(f"{trace.path} has no compute nodes with num_ops and tensor_size: give a Flint trace")
     return found

@@ -27,7 +27,7 @@ from flint.trace.collectives import SYSTEM, CollectiveModel
 from flint.trace.errors import TraceFormatError
 from flint.trace.network import mesh_axes, network_for
 from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
-from flint.trace.timing import Compute, Link, NodeTimer, reader_compute
+from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
 RESULT = "result.json"
 """The report's file in the simulation's directory."""
@@ -117,10 +117,8 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         raise FlintError("--device times compute in ASTRA-sim's roofline mode: add --roofline (replay "
                          "mode replays the trace's own durations; extract again with --device to change them)")
     # The device of ASTRA-sim's system file; another producer's trace names none: an H100's.
-    on_device = (reader_compute(request.device, "roofline", manifest) if request.device or "device" in manifest
-                 else Compute(load_device("h100"), "roofline"))
-    compute = on_device if request.roofline else Compute()
-    device = on_device.device
+    device = load_device(request.device) if request.device else recorded_device(manifest)
+    compute = Compute(device, "roofline") if request.roofline else Compute()
     network = network_for(request.network, axes)
     groups_file = request.groups or comm_groups_path(request.directory, prefix)
     inputs = SimulationInputs(  # absolute: ASTRA-sim runs in the inputs' directory

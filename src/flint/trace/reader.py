@@ -310,6 +310,14 @@ def integer_attr(node: et_def_pb2.Node, name: str) -> int | None:
     return getattr(attr, kind) if kind in INTEGER_KINDS else None
 
 
+def gemm_shape(node: et_def_pb2.Node) -> list[int] | None:
+    """A GEMM kernel's `gemm` attribute, [batch, m, n, k, operand bits], or None where the node
+    has none (or not of that form)."""
+    attr = _find_attr(node, "gemm")
+    values = list(attr.int64_list.values) if attr is not None and attr.HasField("int64_list") else []
+    return values if len(values) == 5 else None
+
+
 def enum_name(enum: Any, value: int) -> str:
     """A value's name in a schema enum (`NodeType`, ...), or `<Enum> <value>` for one the schema
     does not define (a corrupt file, or a newer producer's): tools show it rather than fail on it."""

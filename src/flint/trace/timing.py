@@ -42,7 +42,7 @@ from flint.schema import et_def_pb2 as pb
 from flint.trace.collectives import SYSTEM, TIMED, CollectiveModel
 from flint.trace.network import PRESETS, mesh_axes, network_for, one_link
 from flint.trace.node_rules import ALL_RANKS, parse_group_id
-from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes
+from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes, gemm_shape
 
 DEFAULT_LINK_GBPS = 400.0
 """GB/s (10^9 bytes/s) per rank, about one direction of an H100's NVLink."""
@@ -104,9 +104,20 @@ def reader_compute(device_spec: str | None, durations: str | None, manifest: Map
     if not isinstance(recorded, Mapping):
         raise FlintError(f"--durations {durations} times compute on a device, and this trace has no "
                          "manifest that names one: give --device")
+    return Compute(_device_of(recorded), durations)
+
+
+def _device_of(recorded: Mapping) -> Device:
+    """The device a manifest records (one of before device files: the built-in of its name)."""
     if "calibration" not in recorded and recorded.get("name") in BUILTIN:
-        return Compute(BUILTIN[recorded["name"]], durations)  # a manifest of before device files
-    return Compute(Device.from_json(dict(recorded), "the manifest's device"), durations)
+        return BUILTIN[recorded["name"]]
+    return Device.from_json(dict(recorded), "the manifest's device")
+
+
+def recorded_device(manifest: Mapping | None) -> Device:
+    """The device the trace's manifest records; an H100's for a trace with none (another producer's)."""
+    recorded = (manifest or {}).get("device")
+    return _device_of(recorded) if isinstance(recorded, Mapping) else BUILTIN["h100"]
 
 
 DEFAULT_NETWORK = "hgx"
@@ -127,9 +138,7 @@ def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks:
                           flat.latency_ns if link_latency_us is None else link_latency_us * 1e3)
     else:
         chosen = network_for(network or DEFAULT_NETWORK, mesh_axes(dict(manifest or {}), num_ranks))
-    recorded = (manifest or {}).get("device")
-    device = reader_compute(None, "roofline", manifest).device if isinstance(recorded, Mapping) else BUILTIN["h100"]
-    return CollectiveModel(chosen, device.mem_bw_gbps, {**SYSTEM, **(system or {})})
+    return CollectiveModel(chosen, recorded_device(manifest).mem_bw_gbps, {**SYSTEM, **(system or {})})
 
 
 @dataclass(frozen=True)
@@ -160,14 +169,11 @@ class NodeTimer:
         link model."""
         if node.type in COMPUTE_TYPES and self.compute.device is None:
             return float(node.duration_micros)
-        found = attributes(node)
-        attrs = {name: attribute_value(attr) for name, attr in found.items()
+        attrs = {name: attribute_value(attr) for name, attr in attributes(node).items()
                  if attr.WhichOneof("value") in INTEGER_KINDS}
         device, durations = self.compute.device, self.compute.durations
         if node.type == pb.COMP_NODE and "num_ops" in attrs and "tensor_size" in attrs:
-            gemm = found["gemm"].int64_list.values if "gemm" in found else None
-            return kernel_micros(device, durations, attrs["num_ops"], attrs["tensor_size"],
-                                 list(gemm) if gemm and len(gemm) == 5 else None)
+            return kernel_micros(device, durations, attrs["num_ops"], attrs["tensor_size"], gemm_shape(node))
         if node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE) and "tensor_size" in attrs:
             return device.micros(0, attrs["tensor_size"])
         size = attrs.get("comm_size")
