@@ -55,7 +55,8 @@ def hand_kernel_micros(node: pb.Node, device: dict) -> float:
         vector = device.get("vector_tflops", device["peak_tflops"]) * 1e12
         return c["kernel_overhead_us"] + max(flops / vector, nbytes / (bandwidth * c["memory_efficiency"])) * 1e6
     batch, m, n, k, bits = gemm
-    tile_m, tile_n = c["gemm_tile"]
+    # A side narrower than the tile takes the power of two at or above it, down to 16.
+    tile_m, tile_n = (min(t, max(16, 2 ** math.ceil(math.log2(side)))) for t, side in zip(c["gemm_tile"], (m, n)))
     units = device["compute_units"]
     tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
     fill = m * n * batch / (math.ceil(tiles / units) * units * tile_m * tile_n)

@@ -47,6 +47,17 @@ def test_one_more_row_takes_a_second_wave(device):
     assert compute / (flops / (100e12 * 0.5 * 1024 / 1088) * 1e6) == pytest.approx(1 / fill)
 
 
+def test_a_narrow_product_runs_on_a_narrow_tile(device):
+    # 4 queries x 1024 cached keys x depth 64, batch 8 (a decode step's attention scores): the
+    # 4-column side takes a 16-wide tile, not the 64-wide one; 1024 rows: 16 x 1 tiles of 64 x 16
+    # per batch, 128 tiles on 4 units in 32 waves, each slot 64 x 16 = 1,024 elements.
+    flops = 2 * 8 * 1024 * 4 * 64
+    fill = 8 * 1024 * 4 / (32 * 4 * 64 * 16)  # 0.25
+    compute = flops / (100e12 * 0.5 * fill * 64 / (64 + 64)) * 1e6
+    assert calibrated_micros(device, flops, 1, [8, 1024, 4, 64, 16]) == pytest.approx(2.0 + compute)
+    assert fill == 0.25
+
+
 def test_operand_width_sets_the_matrix_peak(device):
     flops = 2 * 128 * 128 * 1024
     bf16 = calibrated_micros(device, flops, 1, [1, 128, 128, 1024, 16]) - 2.0
@@ -185,3 +196,4 @@ def test_calibrate_fits_each_class_to_the_profile(mlp_round, tmp_path):
     written = load_device(str(tmp_path / "fit.toml"))
     assert written.name == "round-calibrated" and written.calibration.gemm_tile == (64, 64)
     assert written.calibration.memory_efficiency == pytest.approx(expected, rel=1e-3)
+

@@ -12,7 +12,8 @@ The calibrated model, per kernel, in microseconds:
   `peak(bits)` the matrix peak for 16-bit operands, twice it for 8-bit, half for 32-bit (TF32);
   `fill` the share of the compute units' tile slots that real output fills, with the product cut
   into `gemm_tile` tiles run in waves of one tile per unit (a 129-row product wastes most of a
-  second row of tiles; 133 tiles on 132 units take two waves);
+  second row of tiles; 133 tiles on 132 units take two waves); a side narrower than the tile
+  gets a tile of the power of two at or above it, down to 16;
 - a GEMM streams its operands at `gemm_efficiency` of the memory bandwidth too (a GEMM of few
   rows, as in decoding, is bound by reading its weights);
 - any other kernel's compute is its FLOPs at the vector peak (element-wise work and reductions do
@@ -37,9 +38,20 @@ def matrix_tflops(device: Device, bits: int) -> float:
     return device.peak_tflops * (2.0 if bits <= 8 else 0.5 if bits >= 32 else 1.0)
 
 
+SMALLEST_TILE = 16
+"""The narrowest tile side GEMM kernels use (Triton's smallest block; Hopper's wgmma takes N from 8)."""
+
+
+def tile_side(tile: int, side: int) -> int:
+    """A product narrower than the device's tile runs on a narrower one: the power of two at or
+    above its side, down to `SMALLEST_TILE` (a decode step's 4-row product is not charged a
+    128-row tile)."""
+    return min(tile, max(SMALLEST_TILE, 1 << max(0, side - 1).bit_length()))
+
+
 def gemm_fill(device: Device, batch: int, m: int, n: int) -> float:
     """The share of the tile slots of all waves that the product's output fills."""
-    tile_m, tile_n = device.calibration.gemm_tile
+    tile_m, tile_n = (tile_side(t, side) for t, side in zip(device.calibration.gemm_tile, (m, n)))
     tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
     waves = math.ceil(tiles / device.compute_units)
     return (m * n * batch) / (waves * device.compute_units * tile_m * tile_n)
