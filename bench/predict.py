@@ -46,17 +46,13 @@ def paper_flops(batch: int, layers: int, hidden: int) -> float:
 
 def h200_step(calibration: Path, work: Path) -> None:
     import flint
-    from flint.analysis.calibrate import GEMM, OTHER, read_profile
-    from flint.schema import et_def_pb2 as pb
+    from flint.analysis.calibrate import GEMM, OTHER, read_profile, traced_ms
     from flint.trace.reader import read_trace
 
     started = time.perf_counter()
     summary = flint.extract(calibration / "gpt_megatron.py", "data=1,tensor=1", work / "h200", backend="gpu:h200",
                             model_args={"batch": 8}, force=True)
-    nodes = [n for n in read_trace(work / "h200" / "gpt_megatron.0.et").nodes if n.type == pb.COMP_NODE]
-    predicted = {GEMM: 0.0, OTHER: 0.0}
-    for node in nodes:
-        predicted[GEMM if any(a.name == "gemm" for a in node.attr) else OTHER] += node.duration_micros / 1e3
+    predicted = traced_ms(read_trace(work / "h200" / "gpt_megatron.0.et"))
     profile = read_profile(calibration / "h200_gpt1.7b_b8.perfetto.json.gz")
     measured = {kind: sum(profile.durations(kind)) / 1e3 for kind in (GEMM, OTHER)}
     runs = [json.loads(line) for line in (calibration / "h200_gpt1.7b_steps.jsonl").read_text().splitlines()]

@@ -197,3 +197,38 @@ def test_calibrate_fits_each_class_to_the_profile(mlp_round, tmp_path):
     assert written.name == "round-calibrated" and written.calibration.gemm_tile == (64, 64)
     assert written.calibration.memory_efficiency == pytest.approx(expected, rel=1e-3)
 
+
+def test_calibrate_fits_one_device_to_several_steps(mlp_round, tmp_path):
+    trace = read_trace(mlp_round / "mlp.0.et")
+    nodes = [n for n in trace.nodes if n.type == pb.COMP_NODE]
+    gemms = [n for n in nodes if any(a.name == "gemm" for a in n.attr)]
+    others = [n for n in nodes if n not in gemms]
+    # Two profiles of the same program, the other kernels 8 µs in one and 16 µs in the other (the
+    # shortest tenth 1.5 µs in both): one device for both, as if it were one step twice as long.
+    first, second = [1.5] * len(others), [1.5] * len(others)
+    first[-1], second[-1] = 8.0, 16.0
+    _profile(tmp_path / "a.trace.json.gz", [40.0] * len(gemms), first)
+    _profile(tmp_path / "b.trace.json.gz", [40.0] * len(gemms), second)
+    run = flint("calibrate", tmp_path / "a.trace.json.gz", mlp_round, tmp_path / "b.trace.json.gz", mlp_round,
+                "-o", tmp_path / "fit.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    other_bytes = sum(attr_value(n, "tensor_size") for n in others)
+    measured = sum(first) + sum(second)
+    expected = 2 * other_bytes / (10_000e3 * (measured - 2 * len(others) * 1.5))
+    assert fit["device"]["calibration"]["memory_efficiency"] == pytest.approx(expected, rel=1e-3)
+    steps = {s["name"]: s for s in fit["steps"]}
+    assert set(steps) == {"a", "b"}
+    assert steps["a"]["measured_ms"] == pytest.approx((40.0 * len(gemms) + sum(first)) / 1e3)
+    # One fitted device over-predicts the faster step and under-predicts the slower by the same time.
+    assert steps["a"]["after_ms"] == pytest.approx(steps["b"]["after_ms"])
+    assert steps["a"]["after_ms"] - steps["a"]["measured_ms"] == pytest.approx(
+        steps["b"]["measured_ms"] - steps["b"]["after_ms"], rel=1e-3)
+
+
+def test_calibrate_needs_a_trace_for_each_profile(mlp_round, tmp_path):
+    _profile(tmp_path / "a.json.gz", [40.0], [1.5])
+    run = flint("calibrate", tmp_path / "a.json.gz", mlp_round, tmp_path / "a.json.gz", "-o", tmp_path / "f.toml")
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].endswith("give a PROFILE and its TRACE for each step")
+    assert not (tmp_path / "f.toml").exists()

@@ -812,46 +812,57 @@ def _branches(count: int) -> str:
 
 
 @main.command()
-@click.argument("profile", type=click.Path(path_type=Path, dir_okay=False))
-@click.argument("trace", type=click.Path(path_type=Path))
+@click.argument("pairs", nargs=-1, required=True, type=click.Path(path_type=Path),
+                metavar="PROFILE TRACE [PROFILE TRACE]...")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="Device file to write (.toml), for --device.")
-@click.option("--rank", type=int, default=0, show_default=True, help="The trace's rank that was profiled.")
+@click.option("--rank", type=int, default=0, show_default=True, help="The traces' rank that was profiled.")
 @click.option("--device", "device_spec", metavar="DEVICE",
-              help="Device whose peaks to keep [default: the one the trace's manifest records].")
+              help="Device whose peaks to keep [default: the one the traces' manifests record].")
 @click.option("--name", help="Name of the fitted device [default: the device's, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(profile, trace, output, rank, device_spec, name, as_json):
-    """Fit a device to a profiled step.
+def calibrate(pairs, output, rank, device_spec, name, as_json):
+    """Fit a device to profiled steps.
 
-    PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
-    trace-event JSON, .json or .json.gz, that jax.profiler writes); TRACE is Flint's trace of the
-    same program (a directory or one rank's .et), extracted for that GPU. Kernels are compared by
-    class (GEMMs, everything else): the fit sets the device's per-kernel overhead, GEMM efficiency
-    and memory efficiency so that each class's modelled time equals the measured one, prints the
-    profile beside the model before and after, and writes the device file (use it as --device).
+    Each PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
+    trace-event JSON, .json or .json.gz, that jax.profiler writes); the TRACE after it is Flint's
+    trace of the same program (a directory or one rank's .et), extracted for that GPU. Kernels are
+    compared by class (GEMMs, everything else): the fit sets the device's per-kernel overhead, GEMM
+    efficiency and memory efficiency so that each class's modelled time, summed over the steps,
+    equals the measured one, prints the profiles beside the model before and after, per class and
+    per step, and writes the device file (use it as --device). Steps of several programs give a
+    device that carries over to other programs better than one program's step does.
     """
+    from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
     from flint.analysis.calibrate import calibrate as fit_device
-    from flint.analysis.calibrate import device_toml, read_profile
     from flint.analysis.views import calibration_view
     from flint.trace.timing import reader_compute
 
     if output.suffix != ".toml":
         raise FlintError(f"--output {str(output)!r}: a device file ends in .toml")
-    measured = read_profile(profile)
-    files = _trace_files(trace, None, None if trace.is_file() else rank)
-    base = reader_compute(device_spec, "calibrated", _manifest_of(trace, files)).device
-    fit = fit_device(measured, _read_trace(files.paths[0]), base, name or f"{base.name}-calibrated")
+    if len(pairs) % 2:
+        raise FlintError(f"{len(pairs)} paths given: give a PROFILE and its TRACE for each step")
+    steps, bases = [], {}
+    for profile, trace in zip(pairs[::2], pairs[1::2]):
+        files = _trace_files(trace, None, None if trace.is_file() else rank)
+        base = reader_compute(device_spec, "calibrated", _manifest_of(trace, files)).device
+        bases.setdefault(base.name, base)
+        steps.append(ProfiledStep(step_name(profile), read_profile(profile), _read_trace(files.paths[0])))
+    if len(bases) > 1:
+        raise FlintError(f"the traces were extracted for different devices ({', '.join(sorted(bases))}): "
+                         "give --device to say whose peaks to keep")
+    base = next(iter(bases.values()))
+    fit = fit_device(steps, base, name or f"{base.name}-calibrated")
     try:
-        output.write_text(device_toml(fit, profile.name))
+        output.write_text(device_toml(fit, ", ".join(p.name for p in pairs[::2])))
     except OSError as exc:
         raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
     if as_json:
         click.echo(json.dumps(fit.as_json(), indent=2))
         return
     for key in fit.clamped:
-        stderr.print(f"[yellow]warning:[/] {key}: the profile's kernels of this class are faster than its "
-                     "peaks allow the trace's: kept at 1")
+        stderr.print(f"[yellow]warning:[/] {key}: the profiles' kernels of this class are faster than "
+                     "their peaks allow the traces': kept at 1")
     stdout.print(calibration_view(fit))
     stdout.print(f"wrote {output}: use it as --device {output}")
 

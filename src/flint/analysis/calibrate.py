@@ -1,8 +1,9 @@
-"""Fit a device's kernel model to one profiled step: `flint calibrate`.
+"""Fit a device's kernel model to profiled steps: `flint calibrate`.
 
-A user with one real GPU profiles one step of their model (JAX's profiler, Perfetto/Chrome JSON)
-and extracts the same program with Flint on that GPU's backend. Kernel names and instruction
-numbers differ between compiler versions, so kernels are compared by class, not one by one:
+A user with one real GPU profiles one step of their model, or of several (JAX's profiler,
+Perfetto/Chrome JSON), and extracts the same programs with Flint on that GPU's backend. Kernel
+names and instruction numbers differ between compiler versions, so kernels are compared by class,
+not one by one:
 
 - GEMMs (cuBLAS, cuBLASLt and CUTLASS kernels, XLA's Triton GEMM fusions) against the trace's
   nodes that carry a `gemm`;
@@ -10,11 +11,14 @@ numbers differ between compiler versions, so kernels are compared by class, not 
 
 The fit keeps the device's peaks, tile and depth overhead, and sets:
 
-- `kernel_overhead_us`: the idle time between the profile's kernels per kernel, plus the time of
-  its shortest kernels (the median of its fastest tenth), which do next to no work;
+- `kernel_overhead_us`: the idle time between the profiles' kernels per kernel, plus the time of
+  their shortest kernels (the median of the fastest tenth), which do next to no work;
 - `memory_efficiency`, then `gemm_efficiency`: each the one value for which the model's time of
-  its class, summed over the trace, equals the profile's (bisection: the model is monotone in
+  its class, summed over the traces, equals the profiles' (bisection: the model is monotone in
   both). A GEMM whose bytes outweigh its FLOPs is then timed at the fitted bandwidth.
+
+One program's kernels can be unlike most programs' (a compiler's choice of fusions, a slow
+kernel that dominates): a device fitted to several programs carries over better.
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ class Profile:
 
 def kernel_class(name: str) -> str:
     return GEMM if GEMM_KERNEL.search(name) else OTHER
+
+
+def step_name(profile: Path) -> str:
+    """A profile's file name without its trace-event suffixes: the step it profiled."""
+    return re.sub(r"(\.trace|\.perfetto)?\.json(\.gz)?$", "", profile.name)
 
 
 def read_profile(path: Path) -> Profile:
@@ -111,6 +120,16 @@ def trace_kernels(trace: RankTrace) -> list[Kernel]:
     return found
 
 
+def traced_ms(trace: RankTrace) -> dict[str, float]:
+    """The trace's own compute time per class (its nodes' `duration_micros`), in ms: what every
+    reader of the trace reports by default."""
+    found = dict.fromkeys(CLASSES, 0.0)
+    for node in trace.nodes:
+        if node.type == pb.COMP_NODE:
+            found[GEMM if gemm_shape(node) is not None else OTHER] += node.duration_micros / 1e3
+    return found
+
+
 def predicted_ms(device: Device, kernels: Sequence[Kernel], kind: str) -> float:
     return sum(calibrated_micros(device, k.flops, k.nbytes, k.gemm) for k in kernels if k.kind == kind) / 1e3
 
@@ -126,23 +145,41 @@ class ClassFit:
 
 
 @dataclass(frozen=True)
+class StepFit:
+    """One profiled step: its measured span beside the model's sum before and after the fit."""
+
+    name: str
+    measured_ms: float
+    before_ms: float
+    after_ms: float
+
+
+@dataclass(frozen=True)
 class Fit:
-    """The fitted device and, per class, the profile beside the model before and after the fit."""
+    """The fitted device and, per class and per step, the profiles beside the model before and
+    after the fit."""
 
     device: Device
     classes: list[ClassFit]
-    measured_step_ms: float
-    predicted_step_ms: float
+    steps: list[StepFit]
     clamped: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
         return {
             "device": self.device.as_json(),
             "classes": [c.__dict__ for c in self.classes],
-            "measured_step_ms": self.measured_step_ms,
-            "predicted_step_ms": self.predicted_step_ms,
+            "steps": [s.__dict__ for s in self.steps],
             "clamped": list(self.clamped),
         }
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """A profiled step and Flint's trace of the same program."""
+
+    name: str
+    profile: Profile
+    trace: RankTrace
 
 
 def _efficiency(fit, target_ms: float) -> tuple[float, bool]:
@@ -157,34 +194,43 @@ def _efficiency(fit, target_ms: float) -> tuple[float, bool]:
     return float(f"{high:.6g}"), False
 
 
-def calibrate(profile: Profile, trace: RankTrace, base: Device, name: str) -> Fit:
-    kernels = trace_kernels(trace)
-    shortest = sorted(d for _, d in profile.kernels)[: max(1, len(profile.kernels) // 10)]
-    idle = max(0.0, profile.span_us - sum(d for _, d in profile.kernels)) / len(profile.kernels)
-    overhead = round(shortest[len(shortest) // 2] + idle, 3)
+def calibrate(steps: Sequence[ProfiledStep], base: Device, name: str) -> Fit:
+    """One device for all `steps`: each class's modelled time, summed over the steps, equals the
+    measured one. Several steps of different programs fit the device to what they have in common
+    rather than to one program's kernels."""
+    kernels = {step.name: trace_kernels(step.trace) for step in steps}
+    every = [k for found in kernels.values() for k in found]
+    measured_kernels = [d for step in steps for _, d in step.profile.kernels]
+    shortest = sorted(measured_kernels)[: max(1, len(measured_kernels) // 10)]
+    idle = sum(max(0.0, step.profile.span_us - sum(d for _, d in step.profile.kernels)) for step in steps)
+    overhead = round(shortest[len(shortest) // 2] + idle / len(measured_kernels), 3)
     device = replace(base, name=name, calibration=replace(base.calibration, kernel_overhead_us=overhead))
-    measured = {kind: sum(profile.durations(kind)) / 1e3 for kind in CLASSES}
+    measured = {kind: sum(sum(step.profile.durations(kind)) for step in steps) / 1e3 for kind in CLASSES}
     clamped = []
     # Other kernels first: a GEMM's time can be its bytes, at the bandwidth this fit finds.
     memory_e, over = _efficiency(
         lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, memory_efficiency=e)),
-                               kernels, OTHER), measured[OTHER])
+                               every, OTHER), measured[OTHER])
     clamped += ["memory_efficiency"] if over else []
     device = replace(device, calibration=replace(device.calibration, memory_efficiency=memory_e))
     gemm_e, over = _efficiency(
         lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, gemm_efficiency=e)),
-                               kernels, GEMM), measured[GEMM])
+                               every, GEMM), measured[GEMM])
     clamped += ["gemm_efficiency"] if over else []
     device = replace(device, calibration=replace(device.calibration, gemm_efficiency=gemm_e))
-    traced = {kind: sum(1 for k in kernels if k.kind == kind) for kind in CLASSES}
-    classes = [ClassFit(kind, len(profile.durations(kind)), traced[kind], measured[kind],
-                        predicted_ms(base, kernels, kind), predicted_ms(device, kernels, kind))
+    classes = [ClassFit(kind, sum(len(step.profile.durations(kind)) for step in steps),
+                        sum(1 for k in every if k.kind == kind), measured[kind],
+                        predicted_ms(base, every, kind), predicted_ms(device, every, kind))
                for kind in CLASSES]
-    return Fit(device, classes, profile.span_us / 1e3, sum(c.after_ms for c in classes), tuple(clamped))
+    per_step = [StepFit(step.name, step.profile.span_us / 1e3,
+                        sum(predicted_ms(base, kernels[step.name], kind) for kind in CLASSES),
+                        sum(predicted_ms(device, kernels[step.name], kind) for kind in CLASSES))
+                for step in steps]
+    return Fit(device, classes, per_step, tuple(clamped))
 
 
-def device_toml(fit: Fit, profile_name: str) -> str:
-    """The fitted device as a device file, its fitted numbers' source the profile."""
+def device_toml(fit: Fit, source: str) -> str:
+    """The fitted device as a device file, its fitted numbers' source `source` (the profiles)."""
     device = fit.device
     c = device.calibration
     lines = [f"name = {json.dumps(device.name)}", f"peak_tflops = {device.peak_tflops}",
@@ -198,6 +244,6 @@ def device_toml(fit: Fit, profile_name: str) -> str:
     fitted = {"gemm_efficiency", "memory_efficiency", "kernel_overhead_us"}
     sources = dict(device.sources)
     for key in sorted(fitted):
-        sources[key] = f"flint calibrate on {profile_name}"
+        sources[key] = f"flint calibrate on {source}"
     lines += [f"{key} = {json.dumps(value)}" for key, value in sorted(sources.items())]
     return "\n".join(lines) + "\n"

@@ -161,7 +161,9 @@ def calibration_view(fit) -> Table:
     for c in fit.classes:
         table.add_row(c.kind, f"{c.measured_kernels:,}", f"{c.traced_kernels:,}", f"{c.measured_ms:,.1f}",
                       f"{c.before_ms:,.1f}", f"{c.after_ms:,.1f}")
-    table.add_row("step", "", "", f"{fit.measured_step_ms:,.1f}", "", f"{fit.predicted_step_ms:,.1f}")
+    for step in fit.steps:
+        table.add_row(f"step {step.name}", "", "", f"{step.measured_ms:,.1f}", f"{step.before_ms:,.1f}",
+                      f"{step.after_ms:,.1f}")
     c = fit.device.calibration
     table.caption = (f"fitted: kernel overhead {c.kernel_overhead_us:g} µs, GEMM efficiency "
                      f"{c.gemm_efficiency:g}, memory efficiency {c.memory_efficiency:g}")
