@@ -108,6 +108,11 @@ def device_memory(name: str) -> int | None:
     return None
 
 
+CUDA_PLUGINS = ("xla_cuda12", "xla_cuda13")
+"""jaxlib's CUDA plugins (`jax-cuda12-plugin`, installed with Flint, or `jax-cuda13-plugin`): either
+compiles for a GPU topology without a GPU."""
+
+
 def topology(ranks: int) -> str:
     """`partitions x hosts x devices per host` for `ranks` GPUs: whole HGX hosts where they divide."""
     if ranks > GPUS_PER_HOST and ranks % GPUS_PER_HOST == 0:
@@ -117,7 +122,7 @@ def topology(ranks: int) -> str:
 
 def gpu_devices(ranks: int, name: str) -> list:
     """Compile-only devices of a cluster of `ranks` GPUs of one kind."""
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if not any(importlib.util.find_spec(f"jax_plugins.{plugin}") for plugin in CUDA_PLUGINS):
         raise FlintError(
             f"--backend gpu:{name} needs XLA's GPU compiler, which is missing from this environment: "
             "reinstall flint-traces (pip install --force-reinstall flint-traces), or use --backend cpu"
