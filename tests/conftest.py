@@ -44,16 +44,20 @@ DEVICES = ROOT / "src" / "flint" / "devices" / "data"
 
 
 def hand_kernel_micros(node: pb.Node, device: dict) -> float:
-    """The calibrated kernel model written out from its formula (README, "Timing and memory"):
+    """The calibrated kernel model written out from its formula (docs/timing-memory.md):
     overhead + max(compute, bytes / (bandwidth x efficiency)); a GEMM at the matrix peak for its
     operand width x GEMM efficiency x the share of its waves of tiles it fills x k / (k + overhead)."""
     c = device.get("calibration", {})
     flops, nbytes = attr_value(node, "num_ops"), attr_value(node, "tensor_size")
     gemm = next((list(a.int64_list.values) for a in node.attr if a.name == "gemm"), None)
+    kernel = next((a.string_val for a in node.attr if a.name == "kernel"), None)
     bandwidth = device["mem_bw_gbps"] * 1e9
     if gemm is None:
         vector = device.get("vector_tflops", device["peak_tflops"]) * 1e12
-        return c["kernel_overhead_us"] + max(flops / vector, nbytes / (bandwidth * c["memory_efficiency"])) * 1e6
+        # An untiled transpose of the minor dimension moves its bytes at the transpose efficiency.
+        efficiency = c.get("transpose_efficiency") if kernel == "transpose" else None
+        efficiency = efficiency or c["memory_efficiency"]
+        return c["kernel_overhead_us"] + max(flops / vector, nbytes / (bandwidth * efficiency)) * 1e6
     batch, m, n, k, bits = gemm
     # A side narrower than the tile takes the power of two at or above it, down to 16.
     tile_m, tile_n = (min(t, max(16, 2 ** math.ceil(math.log2(side)))) for t, side in zip(c["gemm_tile"], (m, n)))

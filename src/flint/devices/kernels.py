@@ -17,7 +17,8 @@ The calibrated model, per kernel, in microseconds:
 - a GEMM streams its operands at `gemm_efficiency` of the memory bandwidth too (a GEMM of few
   rows, as in decoding, is bound by reading its weights);
 - any other kernel's compute is its FLOPs at the vector peak (element-wise work and reductions do
-  not run on the matrix units), its bytes at `memory_efficiency` of the bandwidth;
+  not run on the matrix units), its bytes at `memory_efficiency` of the bandwidth, or at
+  `transpose_efficiency` for an untiled transpose of the minor dimension (`kernel` TRANSPOSE);
 - `overhead` is the device's fixed cost per kernel.
 """
 
@@ -67,23 +68,37 @@ def gemm_micros(device: Device, flops: int, gemm: Sequence[int]) -> float:
     return flops / (rate * 1e12) * 1e6
 
 
-def calibrated_micros(device: Device, flops: int, nbytes: int, gemm: Sequence[int] | None = None) -> float:
-    """The calibrated model's time for one kernel (see the module's docstring)."""
+TRANSPOSE = "transpose"
+"""The kernel kind (a node's `kernel`) of a fusion that writes an untiled minor-dimension transpose."""
+
+
+def bandwidth_efficiency(device: Device, kernel: str | None) -> float:
+    """The share of the memory bandwidth a kernel that is not a GEMM reaches."""
+    c = device.calibration
+    if kernel == TRANSPOSE and c.transpose_efficiency is not None:
+        return c.transpose_efficiency
+    return c.memory_efficiency
+
+
+def calibrated_micros(device: Device, flops: int, nbytes: int, gemm: Sequence[int] | None = None,
+                      kernel: str | None = None) -> float:
+    """The calibrated model's time for one kernel (see the module's docstring); `kernel` is the
+    node's kernel kind."""
     c = device.calibration
     if gemm is not None:
         compute = gemm_micros(device, flops, gemm)
         memory = nbytes / (device.mem_bw_gbps * c.gemm_efficiency * 1e3)
     else:
         compute = flops / ((device.vector_tflops or device.peak_tflops) * 1e6)
-        memory = nbytes / (device.mem_bw_gbps * c.memory_efficiency * 1e3)
+        memory = nbytes / (device.mem_bw_gbps * bandwidth_efficiency(device, kernel) * 1e3)
     return c.kernel_overhead_us + max(compute, memory)
 
 
 def kernel_micros(device: Device, durations: str, flops: int, nbytes: int,
-                  gemm: Sequence[int] | None = None) -> float:
+                  gemm: Sequence[int] | None = None, kernel: str | None = None) -> float:
     """A kernel's time under `durations` (`calibrated` or `roofline`)."""
     if durations == "roofline":
         return device.micros(flops, nbytes)
     if durations == "calibrated":
-        return calibrated_micros(device, flops, nbytes, gemm)
+        return calibrated_micros(device, flops, nbytes, gemm, kernel)
     raise ValueError(f"no kernel model {durations!r}")

@@ -32,6 +32,9 @@ class Calibration:
     - `gemm_k_overhead`: a tile's fixed cost in contraction depth: a GEMM of depth k runs at
       k / (k + overhead) of its rate (the pipeline's fill and the epilogue);
     - `memory_efficiency`: the achievable memory bandwidth over the peak;
+    - `transpose_efficiency`: the same for a kernel that writes a transpose moving the minor
+      dimension without tiling it (XLA's `loop_*transpose*` fusions), whose reads or writes
+      stride across rows; None: as `memory_efficiency`;
     - `kernel_overhead_us`: what every kernel costs beyond its work (launch, ramp, tail).
     """
 
@@ -39,6 +42,7 @@ class Calibration:
     gemm_tile: tuple[int, int] = (128, 128)
     gemm_k_overhead: float = 0.0
     memory_efficiency: float = 1.0
+    transpose_efficiency: float | None = None
     kernel_overhead_us: float = 0.0
 
 
@@ -134,6 +138,8 @@ def _device(data, origin: str) -> Device:
                 gemm_tile=(tile[0], tile[1]),
                 gemm_k_overhead=_rate(calibration, "gemm_k_overhead", 0.0),
                 memory_efficiency=_fraction(calibration, "memory_efficiency"),
+                transpose_efficiency=(_fraction(calibration, "transpose_efficiency")
+                                      if calibration.get("transpose_efficiency") is not None else None),
                 kernel_overhead_us=_rate(calibration, "kernel_overhead_us", 0.0),
             ),
             sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),

@@ -78,7 +78,8 @@ class NodeMessages:
         (the pipeline makes sure every kernel has one), else the device's kernel model."""
         if self.durations == "xla":
             return self.estimates[data["instruction"]]
-        return kernel_micros(self.device, self.durations, data["flops"], data["bytes"], data.get("gemm"))
+        return kernel_micros(self.device, self.durations, data["flops"], data["bytes"], data.get("gemm"),
+                             data.get("kernel"))
 
     def message(self, planned: Planned, durations: RunningMicros) -> pb.Node:
         data = self.graph.nodes[planned.node]

@@ -247,9 +247,10 @@ KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
 
 def kernel_of(op: Op) -> str | None:
     """What kind of kernel an op of the optimised module is: a fusion is `gemm` or `conv` where it
-    runs a matmul or a convolution (with what the compiler fused around it), else `fusion`
-    (element-wise work, reductions); a cuBLAS call is `gemm`, a cuDNN convolution `conv`; anything
-    else is not a kernel."""
+    runs a matmul or a convolution (with what the compiler fused around it), `transpose` where it
+    writes untiled transposes of the minor dimension, else `fusion` (element-wise work,
+    reductions); a cuBLAS call is `gemm`, a cuDNN convolution `conv`; anything else is not a
+    kernel."""
     if "convolution" in op.attrs:
         return "conv"
     if "product" in op.attrs:
@@ -257,7 +258,25 @@ def kernel_of(op: Op) -> str | None:
     if op.opcode != FUSION:
         return None
     inner = {o.opcode for o in op.regions[0].ops}
-    return next((kind for opcode, kind in KERNELS.items() if opcode in inner), "fusion")
+    kind = next((kind for opcode, kind in KERNELS.items() if opcode in inner), None)
+    if kind is not None:
+        return kind
+    return "transpose" if _writes_transposed(op) else "fusion"
+
+
+def _writes_transposed(op: Op) -> bool:
+    """Whether a loop fusion (`kLoop`: one thread per output element, no tiling through shared
+    memory) returns transposes that move the minor dimension, each of them: the compiler names it
+    `loop_*transpose*`, and one side of its copy strides across rows. A tiled transpose (`kInput`)
+    runs near the bandwidth of a copy."""
+    region = op.regions[0]
+    producer = {value: inner for inner in region.ops for value in inner.results}
+    found = [producer.get(value) for value in region.results]
+    return op.attrs.get("fusion_kind") == "kLoop" and bool(found) and all(
+        p is not None and p.opcode == "transpose"
+        and list(p.attrs.get("permutation", ()))[-1:] != [len(p.result_types[0].shape) - 1]
+        for p in found
+    )
 
 
 def cost_of(op: Op) -> Cost:

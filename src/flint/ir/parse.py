@@ -232,6 +232,8 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out["start"] = _ints(attributes["start_indices"])
         out["limit"] = _ints(attributes["limit_indices"])
         out["strides"] = _ints(attributes["strides"])
+    elif opcode == "transpose":
+        out["permutation"] = _ints(attributes["permutation"])
     elif opcode == "iota":
         out["iota_dimension"] = ir.IntegerAttr(attributes["iota_dimension"]).value
     elif opcode == "compare":
@@ -244,6 +246,8 @@ def _decode_attrs(opcode: str, op, context: "_Walker") -> dict[str, Any]:
         out.update(_library_gemm(op))
     elif opcode == "custom_call" and _call_target(op) in LIBRARY_CONVOLUTIONS:
         out.update(_library_convolution(op))
+    if opcode == FUSION and "fusion_kind" in attributes:  # `#mhlo<fusion_kind kLoop>`
+        out["fusion_kind"] = str(attributes["fusion_kind"]).rstrip(">").rpartition(" ")[2]
     if opcode == "custom_call":
         out["target"] = _call_target(op)
     if "mhlo.frontend_attributes" in attributes:

@@ -318,6 +318,12 @@ def gemm_shape(node: et_def_pb2.Node) -> list[int] | None:
     return values if len(values) == 5 else None
 
 
+def kernel_kind(node: et_def_pb2.Node) -> str | None:
+    """A compute node's `kernel` attribute (`gemm`, `conv`, `transpose`, `fusion`), or None."""
+    attr = _find_attr(node, "kernel")
+    return attr.string_val if attr is not None and attr.WhichOneof("value") == "string_val" else None
+
+
 def enum_name(enum: Any, value: int) -> str:
     """A value's name in a schema enum (`NodeType`, ...), or `<Enum> <value>` for one the schema
     does not define (a corrupt file, or a newer producer's): tools show it rather than fail on it."""

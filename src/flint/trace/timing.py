@@ -42,7 +42,7 @@ from flint.schema import et_def_pb2 as pb
 from flint.trace.collectives import SYSTEM, TIMED, CollectiveModel
 from flint.trace.network import PRESETS, mesh_axes, network_for, one_link
 from flint.trace.node_rules import ALL_RANKS, parse_group_id
-from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes, gemm_shape
+from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes, gemm_shape, kernel_kind
 
 DEFAULT_LINK_GBPS = 400.0
 """GB/s (10^9 bytes/s) per rank, about one direction of an H100's NVLink."""
@@ -173,7 +173,8 @@ class NodeTimer:
                  if attr.WhichOneof("value") in INTEGER_KINDS}
         device, durations = self.compute.device, self.compute.durations
         if node.type == pb.COMP_NODE and "num_ops" in attrs and "tensor_size" in attrs:
-            return kernel_micros(device, durations, attrs["num_ops"], attrs["tensor_size"], gemm_shape(node))
+            return kernel_micros(device, durations, attrs["num_ops"], attrs["tensor_size"], gemm_shape(node),
+                                 kernel_kind(node))
         if node.type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE) and "tensor_size" in attrs:
             return device.micros(0, attrs["tensor_size"])
         size = attrs.get("comm_size")
