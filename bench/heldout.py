@@ -10,8 +10,9 @@ and the summary counts them apart. For each step this extracts the same program 
 matching deviceless backend (`gpu:h100`, `gpu:h200`) and prints Flint's numbers beside the
 measurement:
 
-- GEMM kernels and the other kernels: the trace's durations summed by class, beside the profile's
-  kernels of that class (kernels are matched by class, not one by one: the compilers differ);
+- GEMM kernels and the other kernels (untiled transposes among them): the trace's durations summed
+  by class, beside the profile's kernels of that class (kernels are matched by class, not one by
+  one: the compilers differ);
 - the step: the trace's compute time beside the median measured step (one GPU: no communication);
 - peak memory: Flint's peak per rank (arguments + temporaries + outputs not aliased, donated)
   beside the device's `peak_bytes_in_use`.
@@ -38,7 +39,7 @@ def measurements(directory: Path, device: str) -> list[dict]:
 
 def compare(record: dict, fitted: bool, directory: Path, work: Path) -> dict:
     import flint
-    from flint.analysis.calibrate import GEMM, OTHER, read_profile, traced_ms
+    from flint.analysis.calibrate import GEMM, read_profile, traced_ms
     from flint.trace.reader import read_trace
 
     device = record["device"]
@@ -47,10 +48,11 @@ def compare(record: dict, fitted: bool, directory: Path, work: Path) -> dict:
                             model_args=record["args"], force=True)
     predicted = traced_ms(read_trace(next(out.glob("*.0.et"))))
     profile = read_profile(directory / f"{device}-{record['name']}.trace.json.gz")
-    measured = {kind: sum(profile.durations(kind)) / 1e3 for kind in (GEMM, OTHER)}
+    measured = profile.class_ms()
     return {
         "name": record["name"], "device": device, "fit": fitted,
-        "gemm": (predicted[GEMM], measured[GEMM]), "other": (predicted[OTHER], measured[OTHER]),
+        "gemm": (predicted[GEMM], measured[GEMM]),
+        "other": (sum(predicted.values()) - predicted[GEMM], sum(measured.values()) - measured[GEMM]),
         "step": (sum(predicted.values()), record["step_median_s"] * 1e3),
         "peak": (summary["memory_per_rank"]["peak"] / 1e9, record["memory"]["peak_bytes_in_use"] / 1e9),
     }

@@ -1,7 +1,7 @@
 """The kernel-time model, derived by hand from its formula on a device of round numbers
 (`tests/models/round_device.toml`: 100 TFLOP/s, 10,000 GB/s, 10 TFLOP/s vector, 4 units of 64 x 64
-tiles, GEMM efficiency 0.5, depth overhead 64, memory efficiency 0.25, 2 µs a kernel), and every
-command timing a trace as the trace says unless told otherwise."""
+tiles, GEMM efficiency 0.5, depth overhead 64, memory efficiency 0.25, transpose efficiency 0.1,
+2 µs a kernel), and every command timing a trace as the trace says unless told otherwise."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 from conftest import EXAMPLES, MODELS, device_table, flint, hand_kernel_micros
 from flint.devices import load_device
 from flint.devices.kernels import calibrated_micros, kernel_micros
+from flint.ir.costs import kernel_of
+from flint.ir.parse import Op, Region, TensorType
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, read_trace
 
@@ -70,6 +72,28 @@ def test_other_kernels_at_vector_peak_and_achievable_bandwidth(device):
     assert calibrated_micros(device, 10**6, 10**6) == pytest.approx(2.0 + 0.4)
     assert calibrated_micros(device, 10**7, 10**6) == pytest.approx(2.0 + 1.0)
     assert kernel_micros(device, "roofline", 10**7, 10**6) == pytest.approx(max(10**7 / 100e12, 10**6 / 10_000e9) * 1e6)
+
+
+def test_an_untiled_transpose_moves_its_bytes_at_the_transpose_efficiency(device):
+    # 10^6 bytes at 0.1 x 10,000 GB/s: 1 µs; any other fusion at 0.25 x 10,000 GB/s: 0.4 µs.
+    assert calibrated_micros(device, 0, 10**6, None, "transpose") == pytest.approx(2.0 + 1.0)
+    assert calibrated_micros(device, 0, 10**6, None, "fusion") == pytest.approx(2.0 + 0.4)
+    assert kernel_micros(device, "roofline", 0, 10**6, None, "transpose") == pytest.approx(10**6 / 10_000e9 * 1e6)
+
+
+def _fusion(kind: str, permutation: tuple[int, ...]) -> Op:
+    """A fusion of one [4, 8, 3] f32 operand whose result is its transpose by `permutation`."""
+    source = TensorType((4, 8, 3), "f32", 32)
+    result = TensorType(tuple(source.shape[p] for p in permutation), "f32", 32)
+    transpose = Op("transpose", "t", (0,), (1,), (source,), (result,), {"permutation": permutation})
+    return Op("fusion", "f", (9,), (10,), (source,), (result,), {"fusion_kind": kind},
+              (Region((0,), (transpose,), (1,)),))
+
+
+def test_loop_fusions_that_transpose_the_minor_dimension_are_transpose_kernels():
+    assert kernel_of(_fusion("kLoop", (0, 2, 1))) == "transpose"  # the minor dimension moves
+    assert kernel_of(_fusion("kInput", (0, 2, 1))) == "fusion"  # tiled through shared memory
+    assert kernel_of(_fusion("kLoop", (1, 0, 2))) == "fusion"  # rows move whole
 
 
 def test_h200_file_times_a_large_gemm_near_what_the_gpu_measured():
@@ -232,3 +256,61 @@ def test_calibrate_needs_a_trace_for_each_profile(mlp_round, tmp_path):
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1].endswith("give a PROFILE and its TRACE for each step")
     assert not (tmp_path / "f.toml").exists()
+
+
+LLAMA = ["--model-arg", "arch=llama", "--model-arg", "layers=2", "--model-arg", "hidden=384", "--model-arg", "heads=12",
+         "--model-arg", "kv_heads=4", "--model-arg", "seq=256", "--model-arg", "vocab=1024", "--model-arg", "batch=2"]
+"""A small Llama-style training step whose attention (3 query heads per key head) the GPU compiler
+writes with untiled transposes, as it does Llama 3.2 3B's."""
+
+
+@pytest.fixture(scope="module")
+def llama_round(tmp_path_factory):
+    out = tmp_path_factory.mktemp("round") / "llama"
+    run = flint("extract", EXAMPLES.parent / "bench" / "models" / "decoder.py", "--mesh", "data=1", "-o", out,
+                "--device", ROUND, *LLAMA)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def test_transpose_kernels_are_timed_at_the_transpose_efficiency(llama_round):
+    nodes = [n for n in read_trace(llama_round / "decoder.0.et").nodes if n.type == pb.COMP_NODE]
+    transposes = [n for n in nodes if attr_value(n, "kernel") == "transpose"]
+    assert transposes
+    hand = [hand_kernel_micros(n, device_table(ROUND)) for n in nodes]
+    assert [n.duration_micros for n in nodes] == _running_durations(hand)
+    # Their bytes at 0.1 of the bandwidth, not 0.25, outweigh their element-wise FLOPs.
+    exact = {id(n): h for n, h in zip(nodes, hand)}
+    for n in transposes:
+        assert exact[id(n)] - 2.0 == pytest.approx(attr_value(n, "tensor_size") / (10_000e9 * 0.1) * 1e6)
+        assert attr_value(n, "num_ops") / 10e12 < attr_value(n, "tensor_size") / (10_000e9 * 0.1)
+
+
+def test_calibrate_fits_the_transposes_apart(llama_round, tmp_path):
+    nodes = [n for n in read_trace(llama_round / "decoder.0.et").nodes if n.type == pb.COMP_NODE]
+    gemms = [n for n in nodes if any(a.name == "gemm" for a in n.attr)]
+    transposes = [n for n in nodes if attr_value(n, "kernel") == "transpose"]
+    others = [n for n in nodes if n not in gemms and n not in transposes]
+    # Each GEMM 40 µs, each untiled transpose 30 µs (named as XLA names them), the others 1.5 µs
+    # (the shortest tenth, so the fitted overhead) but one of 12 µs.
+    events = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}}]
+    kernels = ([("nvjet_hsh_128x256", 40.0)] * len(gemms) + [("loop_transpose_fusion_3", 30.0)] * len(transposes)
+               + [("loop_add_fusion", 1.5)] * (len(others) - 1) + [("input_reduce_fusion", 12.0)])
+    start = 0.0
+    for name, dur in kernels:
+        events.append({"ph": "X", "pid": 7, "tid": 1, "ts": start, "dur": dur, "name": name})
+        start += dur
+    (tmp_path / "p.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    run = flint("calibrate", tmp_path / "p.json.gz", llama_round, "-o", tmp_path / "fit.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    c = fit["device"]["calibration"]
+    assert c["kernel_overhead_us"] == pytest.approx(1.5)
+    # The transposes move bytes only: n x 1.5 + bytes / (bw e) = n x 30.
+    transpose_bytes = sum(attr_value(n, "tensor_size") for n in transposes)
+    expected = transpose_bytes / (10_000e3 * len(transposes) * (30.0 - 1.5))
+    assert c["transpose_efficiency"] == pytest.approx(expected, rel=1e-3)
+    assert "transpose_efficiency" in fit["fitted"]
+    by_class = {k["kind"]: k for k in fit["classes"]}
+    assert by_class["transpose"]["measured_kernels"] == by_class["transpose"]["traced_kernels"] == len(transposes)
+    assert load_device(str(tmp_path / "fit.toml")).calibration.transpose_efficiency == pytest.approx(expected, rel=1e-3)

@@ -7,15 +7,17 @@ not one by one:
 
 - GEMMs (cuBLAS, cuBLASLt and CUTLASS kernels, XLA's Triton GEMM fusions) against the trace's
   nodes that carry a `gemm`;
+- untiled transposes (XLA's `loop_*transpose*` kernels) against the nodes of `kernel` transpose;
 - everything else (fusions, copies, memsets) against the other compute nodes.
 
 The fit keeps the device's peaks, tile and depth overhead, and sets:
 
 - `kernel_overhead_us`: the idle time between the profiles' kernels per kernel, plus the time of
   their shortest kernels (the median of the fastest tenth), which do next to no work;
-- `memory_efficiency`, then `gemm_efficiency`: each the one value for which the model's time of
-  its class, summed over the traces, equals the profiles' (bisection: the model is monotone in
-  both). A GEMM whose bytes outweigh its FLOPs is then timed at the fitted bandwidth.
+- `memory_efficiency`, `transpose_efficiency` (where both sides have such kernels), then
+  `gemm_efficiency`: each the one value for which the model's time of its class, summed over the
+  traces, equals the profiles' (bisection: the model is monotone in each). A GEMM whose bytes
+  outweigh its FLOPs is then timed at the fitted bandwidth.
 
 One program's kernels can be unlike most programs' (a compiler's choice of fusions, a slow
 kernel that dominates): a device fitted to several programs carries over better.
@@ -31,15 +33,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flint.devices import Device
-from flint.devices.kernels import calibrated_micros
+from flint.devices.kernels import TRANSPOSE, calibrated_micros
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.reader import RankTrace, attribute_value, attributes, gemm_shape
+from flint.trace.reader import RankTrace, attribute_value, attributes, gemm_shape, kernel_kind
 
 GEMM_KERNEL = re.compile(r"nvjet|gemm|cutlass|cublas|xmma|matmul|s\d{3,}_|sm\d\d_", re.IGNORECASE)
 """Names of GEMM kernels: cuBLAS(Lt)'s `nvjet_*`, `sm90_xmma_*`, CUTLASS's, XLA's `gemm_fusion_*`."""
+TRANSPOSE_KERNEL = re.compile(r"loop_\w*transpose")
+"""Names of XLA's untiled transpose kernels (`loop_transpose_fusion`): a trace's `transpose` nodes."""
 GEMM, OTHER = "gemm", "other"
-CLASSES = (GEMM, OTHER)
+CLASSES = (GEMM, TRANSPOSE, OTHER)
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,23 @@ class Profile:
     def durations(self, kind: str) -> list[float]:
         return [d for name, d in self.kernels if kernel_class(name) == kind]
 
+    def class_ms(self) -> dict[str, float]:
+        """The kernels' time per class, in ms (as `traced_ms` gives a trace's)."""
+        return {kind: sum(self.durations(kind)) / 1e3 for kind in CLASSES}
+
 
 def kernel_class(name: str) -> str:
-    return GEMM if GEMM_KERNEL.search(name) else OTHER
+    """A profiled kernel's class, by its name."""
+    if GEMM_KERNEL.search(name):
+        return GEMM
+    return TRANSPOSE if TRANSPOSE_KERNEL.search(name) else OTHER
+
+
+def node_class(gemm: Sequence[int] | None, kernel: str | None) -> str:
+    """A trace node's class, by its `gemm` and `kernel` attributes."""
+    if gemm is not None:
+        return GEMM
+    return TRANSPOSE if kernel == TRANSPOSE else OTHER
 
 
 def step_name(profile: Path) -> str:
@@ -99,10 +117,11 @@ class Kernel:
     flops: int
     nbytes: int
     gemm: Sequence[int] | None
+    kernel: str | None = None
 
     @property
     def kind(self) -> str:
-        return GEMM if self.gemm is not None else OTHER
+        return node_class(self.gemm, self.kernel)
 
 
 def trace_kernels(trace: RankTrace) -> list[Kernel]:
@@ -114,7 +133,7 @@ def trace_kernels(trace: RankTrace) -> list[Kernel]:
         if "num_ops" not in attrs or "tensor_size" not in attrs:
             continue
         found.append(Kernel(int(attribute_value(attrs["num_ops"])), int(attribute_value(attrs["tensor_size"])),
-                            gemm_shape(node)))
+                            gemm_shape(node), kernel_kind(node)))
     if not found:
         raise FlintError(f"{trace.path} has no compute nodes with num_ops and tensor_size: give a Flint trace")
     return found
@@ -126,12 +145,12 @@ def traced_ms(trace: RankTrace) -> dict[str, float]:
     found = dict.fromkeys(CLASSES, 0.0)
     for node in trace.nodes:
         if node.type == pb.COMP_NODE:
-            found[GEMM if gemm_shape(node) is not None else OTHER] += node.duration_micros / 1e3
+            found[node_class(gemm_shape(node), kernel_kind(node))] += node.duration_micros / 1e3
     return found
 
 
 def predicted_ms(device: Device, kernels: Sequence[Kernel], kind: str) -> float:
-    return sum(calibrated_micros(device, k.flops, k.nbytes, k.gemm) for k in kernels if k.kind == kind) / 1e3
+    return sum(calibrated_micros(device, k.flops, k.nbytes, k.gemm, k.kernel) for k in kernels if k.kind == kind) / 1e3
 
 
 @dataclass(frozen=True)
@@ -163,6 +182,7 @@ class Fit:
     classes: list[ClassFit]
     steps: list[StepFit]
     clamped: tuple[str, ...] = ()
+    fitted: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
         return {
@@ -170,6 +190,7 @@ class Fit:
             "classes": [c.__dict__ for c in self.classes],
             "steps": [s.__dict__ for s in self.steps],
             "clamped": list(self.clamped),
+            "fitted": list(self.fitted),
         }
 
 
@@ -213,6 +234,14 @@ def calibrate(steps: Sequence[ProfiledStep], base: Device, name: str) -> Fit:
                                every, OTHER), measured[OTHER])
     clamped += ["memory_efficiency"] if over else []
     device = replace(device, calibration=replace(device.calibration, memory_efficiency=memory_e))
+    fitted = ["kernel_overhead_us", "memory_efficiency", "gemm_efficiency"]
+    if measured[TRANSPOSE] and any(k.kind == TRANSPOSE for k in every):
+        transpose_e, over = _efficiency(
+            lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, transpose_efficiency=e)),
+                                   every, TRANSPOSE), measured[TRANSPOSE])
+        clamped += ["transpose_efficiency"] if over else []
+        device = replace(device, calibration=replace(device.calibration, transpose_efficiency=transpose_e))
+        fitted.append("transpose_efficiency")
     gemm_e, over = _efficiency(
         lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, gemm_efficiency=e)),
                                every, GEMM), measured[GEMM])
@@ -226,7 +255,7 @@ def calibrate(steps: Sequence[ProfiledStep], base: Device, name: str) -> Fit:
                         sum(predicted_ms(base, kernels[step.name], kind) for kind in CLASSES),
                         sum(predicted_ms(device, kernels[step.name], kind) for kind in CLASSES))
                 for step in steps]
-    return Fit(device, classes, per_step, tuple(clamped))
+    return Fit(device, classes, per_step, tuple(clamped), tuple(fitted))
 
 
 def device_toml(fit: Fit, source: str) -> str:
@@ -239,11 +268,12 @@ def device_toml(fit: Fit, source: str) -> str:
         lines.append(f"vector_tflops = {device.vector_tflops}")
     lines += [f"compute_units = {device.compute_units}", "", "[calibration]",
               f"gemm_efficiency = {c.gemm_efficiency}", f"gemm_tile = [{c.gemm_tile[0]}, {c.gemm_tile[1]}]",
-              f"gemm_k_overhead = {c.gemm_k_overhead}", f"memory_efficiency = {c.memory_efficiency}",
-              f"kernel_overhead_us = {c.kernel_overhead_us}", "", "[sources]"]
-    fitted = {"gemm_efficiency", "memory_efficiency", "kernel_overhead_us"}
+              f"gemm_k_overhead = {c.gemm_k_overhead}", f"memory_efficiency = {c.memory_efficiency}"]
+    if c.transpose_efficiency is not None:
+        lines.append(f"transpose_efficiency = {c.transpose_efficiency}")
+    lines += [f"kernel_overhead_us = {c.kernel_overhead_us}", "", "[sources]"]
     sources = dict(device.sources)
-    for key in sorted(fitted):
+    for key in sorted(fit.fitted):
         sources[key] = f"flint calibrate on {source}"
     lines += [f"{key} = {json.dumps(value)}" for key, value in sorted(sources.items())]
     return "\n".join(lines) + "\n"

@@ -166,5 +166,7 @@ def calibration_view(fit) -> Table:
                       f"{step.after_ms:,.1f}")
     c = fit.device.calibration
     table.caption = (f"fitted: kernel overhead {c.kernel_overhead_us:g} µs, GEMM efficiency "
-                     f"{c.gemm_efficiency:g}, memory efficiency {c.memory_efficiency:g}")
+                     f"{c.gemm_efficiency:g}, memory efficiency {c.memory_efficiency:g}"
+                     + (f", transpose efficiency {c.transpose_efficiency:g}"
+                        if "transpose_efficiency" in fit.fitted else ""))
     return table
