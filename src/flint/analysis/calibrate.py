@@ -215,6 +215,11 @@ def _efficiency(fit, target_ms: float) -> tuple[float, bool]:
     return float(f"{high:.6g}"), False
 
 
+def _with(device: Device, **calibration) -> Device:
+    """`device` with some calibration values replaced."""
+    return replace(device, calibration=replace(device.calibration, **calibration))
+
+
 def calibrate(steps: Sequence[ProfiledStep], base: Device, name: str) -> Fit:
     """One device for all `steps`: each class's modelled time, summed over the steps, equals the
     measured one. Several steps of different programs fit the device to what they have in common
@@ -225,28 +230,18 @@ def calibrate(steps: Sequence[ProfiledStep], base: Device, name: str) -> Fit:
     shortest = sorted(measured_kernels)[: max(1, len(measured_kernels) // 10)]
     idle = sum(max(0.0, step.profile.span_us - sum(d for _, d in step.profile.kernels)) for step in steps)
     overhead = round(shortest[len(shortest) // 2] + idle / len(measured_kernels), 3)
-    device = replace(base, name=name, calibration=replace(base.calibration, kernel_overhead_us=overhead))
+    device = _with(replace(base, name=name), kernel_overhead_us=overhead)
     measured = {kind: sum(sum(step.profile.durations(kind)) for step in steps) / 1e3 for kind in CLASSES}
-    clamped = []
     # Other kernels first: a GEMM's time can be its bytes, at the bandwidth this fit finds.
-    memory_e, over = _efficiency(
-        lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, memory_efficiency=e)),
-                               every, OTHER), measured[OTHER])
-    clamped += ["memory_efficiency"] if over else []
-    device = replace(device, calibration=replace(device.calibration, memory_efficiency=memory_e))
-    fitted = ["kernel_overhead_us", "memory_efficiency", "gemm_efficiency"]
-    if measured[TRANSPOSE] and any(k.kind == TRANSPOSE for k in every):
-        transpose_e, over = _efficiency(
-            lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, transpose_efficiency=e)),
-                                   every, TRANSPOSE), measured[TRANSPOSE])
-        clamped += ["transpose_efficiency"] if over else []
-        device = replace(device, calibration=replace(device.calibration, transpose_efficiency=transpose_e))
-        fitted.append("transpose_efficiency")
-    gemm_e, over = _efficiency(
-        lambda e: predicted_ms(replace(device, calibration=replace(device.calibration, gemm_efficiency=e)),
-                               every, GEMM), measured[GEMM])
-    clamped += ["gemm_efficiency"] if over else []
-    device = replace(device, calibration=replace(device.calibration, gemm_efficiency=gemm_e))
+    order = [("memory_efficiency", OTHER), ("transpose_efficiency", TRANSPOSE), ("gemm_efficiency", GEMM)]
+    order = [(key, kind) for key, kind in order
+             if kind != TRANSPOSE or (measured[TRANSPOSE] and any(k.kind == TRANSPOSE for k in every))]
+    clamped = []
+    for key, kind in order:
+        value, over = _efficiency(lambda e: predicted_ms(_with(device, **{key: e}), every, kind), measured[kind])
+        device = _with(device, **{key: value})
+        clamped += [key] if over else []
+    fitted = ("kernel_overhead_us", *(key for key, _ in order))
     classes = [ClassFit(kind, sum(len(step.profile.durations(kind)) for step in steps),
                         sum(1 for k in every if k.kind == kind), measured[kind],
                         predicted_ms(base, every, kind), predicted_ms(device, every, kind))
@@ -255,7 +250,7 @@ def calibrate(steps: Sequence[ProfiledStep], base: Device, name: str) -> Fit:
                         sum(predicted_ms(base, kernels[step.name], kind) for kind in CLASSES),
                         sum(predicted_ms(device, kernels[step.name], kind) for kind in CLASSES))
                 for step in steps]
-    return Fit(device, classes, per_step, tuple(clamped), tuple(fitted))
+    return Fit(device, classes, per_step, tuple(clamped), fitted)
 
 
 def device_toml(fit: Fit, source: str) -> str:
