@@ -182,16 +182,34 @@ def test_slices_and_in_place_updates_cost_what_they_touch(tmp_path):
     assert by_op["dot"]["gemm"] == [1, 16, 256, 256, 16]
 
 
-def _profile(path: Path, gemm_us: list[float], other_us: list[float]) -> None:
-    """A trace-event JSON like JAX's profiler's: a GPU process, its kernels back to back."""
+def _profile(path: Path, gemm_us: list[float], other_us: list[float],
+             named: list[tuple[str, float]] = ()) -> None:
+    """A trace-event JSON like JAX's profiler's: a GPU process, its kernels back to back (GEMMs,
+    then the `named` kernels, then the other kernels), and a host process's work beside them."""
     events = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
               {"ph": "M", "pid": 9, "name": "process_name", "args": {"name": "/host:CPU"}}]
     start = 0.0
-    for name, dur in [("nvjet_hsh_128x256", d) for d in gemm_us] + [("loop_add_fusion", d) for d in other_us]:
+    kernels = [("nvjet_hsh_128x256", d) for d in gemm_us] + list(named) + [("loop_add_fusion", d) for d in other_us]
+    for name, dur in kernels:
         events.append({"ph": "X", "pid": 7, "tid": 1, "ts": start, "dur": dur, "name": name})
         start += dur
     events.append({"ph": "X", "pid": 9, "tid": 1, "ts": 0.0, "dur": 1e6, "name": "host work"})
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+
+
+def _fit_one_profile(trace: Path, tmp_path: Path, gemms: int, others: int,
+                     named: list[tuple[str, float]] = ()) -> tuple[dict, list[float]]:
+    """`flint calibrate --json` on a profile of `trace`'s kernels: each GEMM 40 µs, the `named`
+    kernels, the others 1.5 µs (the shortest tenth, so the fitted overhead) but one of 12 µs, no
+    gaps. Returns the fit and the other kernels' times."""
+    other_us = [1.5] * others
+    other_us[-1] = 12.0
+    _profile(tmp_path / "p.json.gz", [40.0] * gemms, other_us, named)
+    run = flint("calibrate", tmp_path / "p.json.gz", trace, "-o", tmp_path / "fit.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["device"]["calibration"]["kernel_overhead_us"] == pytest.approx(1.5)
+    return fit, other_us
 
 
 def test_calibrate_fits_each_class_to_the_profile(mlp_round, tmp_path):
@@ -199,15 +217,8 @@ def test_calibrate_fits_each_class_to_the_profile(mlp_round, tmp_path):
     nodes = [n for n in trace.nodes if n.type == pb.COMP_NODE]
     gemms = [n for n in nodes if any(a.name == "gemm" for a in n.attr)]
     others = [n for n in nodes if n not in gemms]
-    # The profile: each GEMM 40 µs, each other kernel 12 µs, the shortest tenth 1.5 µs, no gaps.
-    other_us = [1.5] * len(others)
-    other_us[-1] = 12.0
-    _profile(tmp_path / "p.json.gz", [40.0] * len(gemms), other_us)
-    run = flint("calibrate", tmp_path / "p.json.gz", mlp_round, "-o", tmp_path / "fit.toml", "--json")
-    assert run.returncode == 0, run.stderr
-    fit = json.loads(run.stdout)
+    fit, other_us = _fit_one_profile(mlp_round, tmp_path, len(gemms), len(others))
     c = fit["device"]["calibration"]
-    assert c["kernel_overhead_us"] == pytest.approx(1.5)
     # The other kernels are bound by bytes here (vector peak 10 TFLOP/s): sum(1.5 + bytes / (bw e))
     # equals their measured sum, so e = sum(bytes) / (bw x (measured - n x 1.5)).
     other_bytes = sum(attr_value(n, "tensor_size") for n in others)
@@ -291,21 +302,10 @@ def test_calibrate_fits_the_transposes_apart(llama_round, tmp_path):
     gemms = [n for n in nodes if any(a.name == "gemm" for a in n.attr)]
     transposes = [n for n in nodes if attr_value(n, "kernel") == "transpose"]
     others = [n for n in nodes if n not in gemms and n not in transposes]
-    # Each GEMM 40 µs, each untiled transpose 30 µs (named as XLA names them), the others 1.5 µs
-    # (the shortest tenth, so the fitted overhead) but one of 12 µs.
-    events = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}}]
-    kernels = ([("nvjet_hsh_128x256", 40.0)] * len(gemms) + [("loop_transpose_fusion_3", 30.0)] * len(transposes)
-               + [("loop_add_fusion", 1.5)] * (len(others) - 1) + [("input_reduce_fusion", 12.0)])
-    start = 0.0
-    for name, dur in kernels:
-        events.append({"ph": "X", "pid": 7, "tid": 1, "ts": start, "dur": dur, "name": name})
-        start += dur
-    (tmp_path / "p.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
-    run = flint("calibrate", tmp_path / "p.json.gz", llama_round, "-o", tmp_path / "fit.toml", "--json")
-    assert run.returncode == 0, run.stderr
-    fit = json.loads(run.stdout)
+    # Each untiled transpose 30 µs, named as XLA names them.
+    fit, _ = _fit_one_profile(llama_round, tmp_path, len(gemms), len(others),
+                              [("loop_transpose_fusion_3", 30.0)] * len(transposes))
     c = fit["device"]["calibration"]
-    assert c["kernel_overhead_us"] == pytest.approx(1.5)
     # The transposes move bytes only: n x 1.5 + bytes / (bw e) = n x 30.
     transpose_bytes = sum(attr_value(n, "tensor_size") for n in transposes)
     expected = transpose_bytes / (10_000e3 * len(transposes) * (30.0 - 1.5))
