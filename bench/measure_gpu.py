@@ -5,20 +5,21 @@
 Each step of the suite runs in a process of its own, so that the device's `peak_bytes_in_use` is that
 step's: its inputs are made on the GPU (random bf16/f32 values, a 1 Mi-element pattern repeated, so
 that no temporary outweighs them; integers 0, integer scalars 1), it is compiled with the arguments
-its outputs replace donated (Flint's rule, `flint.compile.donation`), run `--warmup` times, timed
-`--steps` times (each call waited for) and profiled once with `jax.profiler`.
+its outputs replace donated (loaded and donated as Flint loads and donates it:
+`flint.frontend.model_file`, `flint.compile.donation`), run `--warmup` times, timed `--steps` times
+(each call waited for, each replaced argument given the output that replaces it) and profiled once
+with `jax.profiler`.
 
 Writes, per step, one line of DIR/<device>.jsonl (step times, the compiler's memory analysis, the
 device's peak bytes in use) and DIR/<device>-<step>.trace.json.gz, the GPU's kernels of the profiled
 step in trace-event JSON (what `flint calibrate` reads). Steps left when `--budget-s` has passed are
-skipped, and say so. Needs JAX on a GPU; of Flint, only its donation rule (pure JAX).
+skipped, and say so. Needs JAX on a GPU and Flint's source (`src/`, put on the path here).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import json
 import math
 import os
@@ -49,13 +50,6 @@ def device_tag(kind: str) -> str:
     return kind.lower().replace(" ", "-")
 
 
-def load_model(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def materialize(abstract, seed: int = 0):
     """Real arrays for a tree of ShapeDtypeStructs, placed as their shardings say."""
     import jax
@@ -77,24 +71,11 @@ def materialize(abstract, seed: int = 0):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def signature(tree):
-    import jax
-
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
-
-def feed_back(args: tuple, outputs, donated: tuple[int, ...]) -> tuple:
-    """The next call's arguments: each donated argument replaced by the output that replaces it."""
+def feed_back(args: tuple, outputs, replacing: dict[int, int]) -> tuple:
+    """The next call's arguments: each donated argument replaced by the output that replaces it
+    (`replacing`: argument position -> output position)."""
     outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-    free = list(range(len(outputs)))
-    args = list(args)
-    for position in donated:
-        wanted = signature(args[position])
-        match = next(i for i in free if signature(outputs[i]) == wanted)
-        free.remove(match)
-        args[position] = outputs[match]
-    return tuple(args)
+    return tuple(outputs[replacing[i]] if i in replacing else arg for i, arg in enumerate(args))
 
 
 def compact_profile(directory: Path, destination: Path) -> int:
@@ -119,16 +100,21 @@ def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(ROOT / "src"))
-    from flint.compile.donation import replaced_arguments
+    from flint.compile.donation import donated_arguments, replacements
+    from flint.frontend.model_file import load_workload
+    from flint.mesh import parse_mesh
 
     device = jax.devices()[0]
     axes = step.get("mesh", "data=1")
-    names = tuple(part.split("=")[0] for part in axes.split(","))
-    mesh = jax.sharding.Mesh(np.array([device]).reshape((1,) * len(names)), names)
-    model = load_model(ROOT / step["model"])
-    fn, abstract = model.workload(mesh, **step.get("args", {}))
-    donated = tuple(getattr(model, "donate_argnums", replaced_arguments(fn, abstract)))
-    args = materialize(abstract)
+    spec = parse_mesh(axes)
+    mesh = jax.sharding.Mesh(np.array([device]).reshape(spec.shape), spec.axis_names)
+    workload = load_workload(ROOT / step["model"], mesh, step.get("args", {}))
+    fn = workload.step
+    with jax.set_mesh(mesh):
+        donated = donated_arguments(workload)
+        replacing = {position: output for position, output in replacements(fn, workload.args).items()
+                     if position in donated}
+    args = materialize(workload.args)
     jax.block_until_ready(args)
     inputs_bytes = (device.memory_stats() or {}).get("bytes_in_use")
     started = time.perf_counter()
@@ -137,14 +123,14 @@ def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     for _ in range(warmup):
         result = compiled(*args)
         jax.block_until_ready(result)
-        args = feed_back(args, result, donated)
+        args = feed_back(args, result, replacing)
     times = []
     for _ in range(steps):
         started = time.perf_counter()
         result = compiled(*args)
         jax.block_until_ready(result)
         times.append(time.perf_counter() - started)
-        args = feed_back(args, result, donated)
+        args = feed_back(args, result, replacing)
     tag = device_tag(device.device_kind)
     with tempfile.TemporaryDirectory() as profile_dir:
         jax.profiler.start_trace(profile_dir, create_perfetto_trace=True)

@@ -40,23 +40,30 @@ def _signature(tree) -> tuple[Any, tuple[tuple[tuple[int, ...], np.dtype], ...]]
 
 
 def replaced_arguments(step, args: tuple[Any, ...]) -> tuple[int, ...]:
-    """The positions of the arguments of `step` that one of its top-level outputs replaces (same
-    tree, leaf shapes and dtypes), matched in argument order, one output per argument."""
+    """The positions of the arguments of `step` that one of its top-level outputs replaces."""
+    return tuple(replacements(step, args))
+
+
+def replacements(step, args: tuple[Any, ...]) -> dict[int, int]:
+    """Argument position -> the position of the top-level output of `step` that replaces it (same
+    tree, leaf shapes and dtypes), matched in argument order, one output per argument; a program
+    that runs the step again passes that output in the argument's place."""
     import jax
 
     out = jax.eval_shape(step, *args)
     outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-    free = [_signature(output) for output in outputs]
-    donated = []
+    free = {index: _signature(output) for index, output in enumerate(outputs)}
+    found = {}
     for position, arg in enumerate(args):
         leaves = jax.tree_util.tree_leaves(arg)
         if not leaves or all(len(leaf.shape) == 0 for leaf in leaves):
             continue
         signature = _signature(arg)
-        if signature in free:
-            free.remove(signature)
-            donated.append(position)
-    return tuple(donated)
+        match = next((index for index, candidate in free.items() if candidate == signature), None)
+        if match is not None:
+            del free[match]
+            found[position] = match
+    return found
 
 
 def donated_bytes(args: tuple[Any, ...], donated: tuple[int, ...]) -> int:
