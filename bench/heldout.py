@@ -37,25 +37,33 @@ def measurements(directory: Path, device: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def compare(record: dict, fitted: bool, directory: Path, work: Path) -> dict:
+def beside(model: Path, mesh: str, model_args: dict, device: str, profile: Path, step_ms: float,
+           peak_bytes: int, out: Path) -> dict[str, tuple[float, float] | None]:
+    """Flint's trace of `model` on `gpu:DEVICE` (written to `out`) beside one GPU's measurement of
+    it: (Flint, real) for the GEMM kernels' and the other kernels' ms (the profile's), the step's
+    ms and the peak memory's GB (None where the extraction reported no memory)."""
     import flint
     from flint.analysis.calibrate import GEMM, read_profile, traced_ms
     from flint.trace.reader import read_trace
 
-    device = record["device"]
-    out = work / f"{device}-{record['name']}"
-    summary = flint.extract(ROOT / record["model"], record["mesh"], out, backend=f"gpu:{device}",
-                            model_args=record["args"], force=True)
+    summary = flint.extract(model, mesh, out, backend=f"gpu:{device}", model_args=model_args, force=True)
     predicted = traced_ms(read_trace(next(out.glob("*.0.et"))))
-    profile = read_profile(directory / f"{device}-{record['name']}.trace.json.gz")
-    measured = profile.class_ms()
+    measured = read_profile(profile).class_ms()
+    peak = (summary.get("memory_per_rank") or {}).get("peak")
     return {
-        "name": record["name"], "device": device, "fit": fitted,
         "gemm": (predicted[GEMM], measured[GEMM]),
         "other": (sum(predicted.values()) - predicted[GEMM], sum(measured.values()) - measured[GEMM]),
-        "step": (sum(predicted.values()), record["step_median_s"] * 1e3),
-        "peak": (summary["memory_per_rank"]["peak"] / 1e9, record["memory"]["peak_bytes_in_use"] / 1e9),
+        "step": (sum(predicted.values()), step_ms),
+        "peak": (peak / 1e9, peak_bytes / 1e9) if peak else None,
     }
+
+
+def compare(record: dict, fitted: bool, directory: Path, work: Path) -> dict:
+    device, name = record["device"], record["name"]
+    pairs = beside(ROOT / record["model"], record["mesh"], record["args"], device,
+                   directory / f"{device}-{name}.trace.json.gz", record["step_median_s"] * 1e3,
+                   record["memory"]["peak_bytes_in_use"], work / f"{device}-{name}")
+    return {"name": name, "device": device, "fit": fitted, **pairs}
 
 
 def ratio(pair: tuple[float, float]) -> float:

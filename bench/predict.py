@@ -45,28 +45,21 @@ def paper_flops(batch: int, layers: int, hidden: int) -> float:
 
 
 def h200_step(calibration: Path, work: Path) -> None:
-    import flint
-    from flint.analysis.calibrate import GEMM, read_profile, traced_ms
-    from flint.trace.reader import read_trace
+    from heldout import beside
 
-    started = time.perf_counter()
-    summary = flint.extract(calibration / "gpt_megatron.py", "data=1,tensor=1", work / "h200", backend="gpu:h200",
-                            model_args={"batch": 8}, force=True)
-    predicted = traced_ms(read_trace(work / "h200" / "gpt_megatron.0.et"))
-    profile = read_profile(calibration / "h200_gpt1.7b_b8.perfetto.json.gz")
-    measured = profile.class_ms()
     runs = [json.loads(line) for line in (calibration / "h200_gpt1.7b_steps.jsonl").read_text().splitlines()]
     step = next(r for r in runs if r["name"] == "g1.7b_b8" and "peak_bytes_in_use" in r.get("memory", {}))
+    started = time.perf_counter()
+    pairs = beside(calibration / "gpt_megatron.py", "data=1,tensor=1", {"batch": 8}, "h200",
+                   calibration / "h200_gpt1.7b_b8.perfetto.json.gz", step["step_median_s"] * 1e3,
+                   step["memory"]["peak_bytes_in_use"], work / "h200")
     print(f"1.7B GPT, batch 8, one H200 (extracted in {time.perf_counter() - started:.1f} s)")
     print(f"{'':<28}{'predicted':>12}{'measured':>12}{'ratio':>8}")
-    rows = [("GEMM kernels, ms", predicted[GEMM], measured[GEMM]),
-            ("other kernels, ms", sum(predicted.values()) - predicted[GEMM], sum(measured.values()) - measured[GEMM]),
-            ("step, ms", sum(predicted.values()), step["step_median_s"] * 1e3)]
-    peak = (summary.get("memory_per_rank") or {}).get("peak")
-    if peak:
-        rows.append(("peak memory, GB", peak / 1e9, step["memory"]["peak_bytes_in_use"] / 1e9))
-    for label, p, m in rows:
-        print(f"{label:<28}{p:>12,.1f}{m:>12,.1f}{p / m:>8.2f}")
+    labels = {"gemm": "GEMM kernels, ms", "other": "other kernels, ms", "step": "step, ms", "peak": "peak memory, GB"}
+    for key, label in labels.items():
+        if pairs[key]:
+            p, m = pairs[key]
+            print(f"{label:<28}{p:>12,.1f}{m:>12,.1f}{p / m:>8.2f}")
 
 
 def table1(rows: list[int], model: Path, work: Path) -> None:
