@@ -1,6 +1,6 @@
 """Flint's estimator beside ASTRA-sim: the step each gives and how long each takes to give it.
 
-    python bench/estimate.py [--sizes 64,256] [--big 4096] [--network hgx] [--dir DIR] [--keep]
+    python bench/estimate.py [--sizes 64,256] [--big 4096] [--network hgx] [--dir DIR]
 
 Extracts `bench/gpt_at_scale.py` (DP x TP, 8-way tensor parallelism) and `examples/fsdp.py`
 (FSDP x TP, 8-way tensor parallelism, two sequences per data-parallel rank) with `--backend
@@ -64,6 +64,7 @@ def main() -> None:
     big = [int(s) for s in args.big.split(",") if s]
     with tempfile.TemporaryDirectory() as scratch:
         base = args.dir or Path(scratch)
+        base.mkdir(parents=True, exist_ok=True)
         print(f"{'trace':<8} {'ranks':>7} {'estimator µs':>13} {'ASTRA-sim µs':>13} {'ratio':>7} "
               f"{'estimator s':>12} {'ASTRA-sim s':>12}   (network {args.network})")
         jobs = [(kind, n, True) for n in sizes for kind in ("dp-tp", "fsdp")] + [("dp-tp", n, False) for n in big]

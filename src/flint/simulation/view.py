@@ -33,7 +33,8 @@ def simulation_view(simulation: Simulation) -> Group:
     beside = ""
     if simulation.engine != "flint" and estimate is not None:
         beside = f"   (Flint's estimator: {estimate:,.1f} µs)"
-    took = f" in {simulation.seconds:,.1f} s" if simulation.seconds is not None else ""
+    took = "" if simulation.seconds is None else (
+        f" in {simulation.seconds:,.1f} s" if simulation.seconds >= 0.05 else " in under 0.1 s")
     engine = "Flint's estimator (no ASTRA-sim)" if simulation.engine == "flint" else "ASTRA-sim"
     lines.append(Text(f"engine: {engine}{took}"))
     lines.append(Text(f"step {slowest.wall / 1e3:,.1f} µs (slowest rank {slowest.rank}){beside}"))
