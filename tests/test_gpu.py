@@ -340,3 +340,22 @@ def test_pipeline_stages_on_the_gpu_compiler(tmp_path):
         sends = sorted((t.dst, t.size) for t in moves if t.send)
         expected = [(rank - 2, activation)] * micro * (stage > 0) + [(rank + 2, activation)] * micro * (stage < stages - 1)
         assert sends == sorted(expected), f"rank {rank}"
+
+
+def test_kernel_names_match_a_profile_one_by_one(tmp_path):
+    """The GPU compile keeps each node's instruction name and emitter, which a profile's kernels
+    are named after: mlp's five matmuls are Triton GEMM fusions (`gemm_fusion_dot*`, emitted by
+    Triton's GEMM emitter) and its other kernels XLA's own fusions, named by their kind."""
+    from flint.api import extract_request
+    from flint.pipeline import extract as run_stages
+
+    request = extract_request(EXAMPLES / "mlp.py", "2x4", tmp_path / "t", backend="gpu:h100")
+    extraction = run_stages(request)
+    kernels = extraction.module.kernels
+    compute = [data for _, data in extraction.graph.graph.nodes(data=True) if data.get("kind") == "compute"]
+    assert compute and all(data["instruction"] in kernels for data in compute)
+    gemms = [kernels[data["instruction"]] for data in compute if data.get("gemm") is not None]
+    assert len(gemms) == 5
+    assert all(name.startswith("gemm_fusion_dot") and emitter.startswith("__triton") for name, emitter in gemms)
+    others = [kernels[data["instruction"]] for data in compute if data.get("gemm") is None]
+    assert others and all(not name.startswith("gemm_fusion") and emitter == "" for name, emitter in others)

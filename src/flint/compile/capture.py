@@ -22,6 +22,7 @@ from types import MappingProxyType
 import numpy as np
 
 from flint.compile.gpu_module import (
+    kernel_names,
     latency_estimates,
     record_convolutions,
     record_instruction_ids,
@@ -70,6 +71,9 @@ class PartitionedModule:
     estimates: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
     """Microseconds by scheduled instruction id, as XLA's latency-hiding scheduler estimated them
     (the GPU compiler's optimised module; empty elsewhere)."""
+    kernels: Mapping[int, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    """(name, emitter) by scheduled instruction id (the GPU compiler's optimised module; empty
+    elsewhere): `flint.compile.gpu_module.kernel_names`."""
     donated: tuple[int, ...] = ()
     """The step arguments donated to the compile (`jax.jit`'s `donate_argnums`)."""
     compiler_fallback: str | None = None
@@ -312,7 +316,9 @@ def partition(
         schedules = list(Path(tmp).glob("*.schedule.pb"))
         estimates = latency_estimates(schedules[0].read_bytes()) if len(schedules) == 1 else {}
     compiled_at = time.perf_counter()
+    kernels = {}
     if stage == "optimized":
+        kernels = kernel_names(module_proto)
         module_proto = for_conversion(module_proto)
     return PartitionedModule(
         stage=stage,
@@ -323,6 +329,7 @@ def partition(
         groups_by_channel=MappingProxyType(mesh_axes_groups_by_channel(module_proto)),
         memory=memory if memory is None else replace(memory, donated=donated_bytes(workload.args, donated)),
         estimates=MappingProxyType(estimates),
+        kernels=MappingProxyType(kernels),
         donated=donated,
         compiler_fallback=fallback,
     )

@@ -1,0 +1,156 @@
+"""Kernel by kernel: Flint's kernel model beside a real GPU's profile, by the emitter that built each kernel.
+
+    python bench/kernels.py [--measured bench/measured] [--devices h100,h200] [--only NAME,...]
+                            [--calibration ../shared/calibration] [--top N]
+
+`bench/heldout.py` compares kernel classes in total; this looks inside them. For each step that
+`bench/measure_gpu.py` recorded (and the 1.7B GPT step of `../shared/calibration` on the H200, where
+that folder is present) it extracts the same program on `gpu:DEVICE` and matches the profile's kernels
+to the trace's compute nodes by the compiler's instruction name (a profile names an XLA kernel after
+its fusion, with `_` for `.`). The GPU ran a newer XLA than Flint's deviceless compiler, so a name is
+only taken where it occurs as often on both sides; the rest of the time is reported as unmatched.
+
+Matched kernels are grouped by the emitter that built them in Flint's compile:
+
+- `gemm`: cuBLAS calls and Triton GEMM fusions (the nodes with a `gemm`);
+- `triton`: XLA's Triton block-level fusions (softmax- and normalization-like rows);
+- `transpose`: XLA loop fusions that Flint times as untiled transposes;
+- `xla`: every other fusion of XLA's own loop and reduction emitters.
+
+Per group: measured and modelled ms, their ratio, and the bandwidth each kernel reached on the GPU
+(Flint's bytes over the measured time), as a share of the device's peak: the one number per class
+that a memory-bound kernel model can take. Every figure comes from this run and the recordings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from heldout import ROOT, measurements
+
+GROUPS = ("gemm", "triton", "transpose", "xla")
+
+
+@dataclass
+class Kernel:
+    """One kernel name of one step: how often it ran and what both sides say of it in total."""
+
+    name: str
+    group: str
+    count: int
+    nbytes: int
+    modelled_us: float
+    measured_us: float = 0.0
+    measured_count: int = 0
+
+
+def profile_name(name: str) -> str:
+    return re.sub(r"[.\-]", "_", name)
+
+
+def traced_kernels(model: Path, mesh: str, model_args: dict, device: str, out: Path) -> tuple[dict[str, Kernel], float]:
+    """Flint's compute nodes of the program on `gpu:DEVICE`, by profile name, and the device's peak
+    bandwidth (GB/s)."""
+    from flint.api import extract_request
+    from flint.devices.kernels import TRANSPOSE, calibrated_micros
+    from flint.pipeline import extract
+
+    request = extract_request(model, mesh, out, backend=f"gpu:{device}", model_args=model_args, force=True)
+    extraction = extract(request)
+    names = extraction.module.kernels
+    kernels: dict[str, Kernel] = {}
+    for _, data in extraction.graph.graph.nodes(data=True):
+        if data.get("kind") != "compute" or data.get("instruction") not in names:
+            continue
+        name, emitter = names[data["instruction"]]
+        gemm = data.get("gemm")
+        group = ("gemm" if gemm is not None else "triton" if emitter == "__triton"
+                 else "transpose" if data.get("kernel") == TRANSPOSE else "xla")
+        micros = calibrated_micros(request.device, data["flops"], data["bytes"], gemm, data.get("kernel"))
+        kernel = kernels.setdefault(profile_name(name), Kernel(profile_name(name), group, 0, 0, 0.0))
+        kernel.count += 1
+        kernel.nbytes += data["bytes"]
+        kernel.modelled_us += micros
+    return kernels, request.device.mem_bw_gbps
+
+
+def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: Path, top: int) -> dict:
+    """Match the profile's kernels to `kernels`; print the step's groups (and its `top` kernels)."""
+    from flint.analysis.calibrate import read_profile
+
+    measured_us: dict[str, float] = defaultdict(float)
+    counts: Counter = Counter()
+    for name, micros in read_profile(profile).kernels:
+        measured_us[name] += micros
+        counts[name] += 1
+    matched = [k for name, k in kernels.items() if counts[name] == k.count]
+    for kernel in matched:
+        kernel.measured_us, kernel.measured_count = measured_us[kernel.name], counts[kernel.name]
+    total = sum(measured_us.values())
+    share = sum(k.measured_us for k in matched) / total if total else 0.0
+    print(f"\n{label}: {len(matched)} of {len(kernels)} kernel names matched, {share:.0%} of the "
+          f"profile's {total / 1e3:,.1f} ms")
+    groups = summarize(matched, peak_gbps)
+    if top:
+        print(f"  {'kernel':<34}{'group':<10}{'runs':>5}{'real ms':>10}{'Flint ms':>10}{'ratio':>7}{'of peak':>8}")
+    for kernel in sorted(matched, key=lambda k: -k.measured_us)[:top]:
+        print(f"  {kernel.name[:33]:<34}{kernel.group:<10}{kernel.count:>5}{kernel.measured_us / 1e3:>10,.2f}"
+              f"{kernel.modelled_us / 1e3:>10,.2f}{kernel.modelled_us / kernel.measured_us:>7.2f}"
+              f"{kernel.nbytes / kernel.measured_us / peak_gbps / 1e3:>8.2f}")
+    return groups
+
+
+def summarize(matched: list[Kernel], peak_gbps: float) -> dict[str, tuple[float, float, int]]:
+    """Print and return (measured µs, modelled µs, bytes) per group."""
+    groups = {g: (sum(k.measured_us for k in matched if k.group == g),
+                  sum(k.modelled_us for k in matched if k.group == g),
+                  sum(k.nbytes for k in matched if k.group == g)) for g in GROUPS}
+    print(f"  {'group':<44}{'real ms':>10}{'Flint ms':>10}{'ratio':>7}{'of peak BW':>11}")
+    for group, (measured, modelled, nbytes) in groups.items():
+        if measured:
+            print(f"  {group:<44}{measured / 1e3:>10,.1f}{modelled / 1e3:>10,.1f}{modelled / measured:>7.2f}"
+                  f"{nbytes / measured / peak_gbps / 1e3:>11.2f}")
+    return groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measured", type=Path, default=ROOT / "bench" / "measured")
+    parser.add_argument("--devices", default="h100,h200")
+    parser.add_argument("--only", default="", help="Step names to compare (default: all recorded).")
+    parser.add_argument("--calibration", type=Path, default=ROOT.parent / "shared" / "calibration")
+    parser.add_argument("--top", type=int, default=0, help="Also list each step's N longest kernels.")
+    options = parser.parse_args()
+    only = {name for name in options.only.split(",") if name}
+    steps = []
+    for device in options.devices.split(","):
+        for record in measurements(options.measured, device):
+            if not only or record["name"] in only:
+                steps.append((f"{device} {record['name']}", ROOT / record["model"], record["mesh"], record["args"],
+                              device, options.measured / f"{device}-{record['name']}.trace.json.gz"))
+    program = options.calibration / "gpt_megatron.py"
+    if "h200" in options.devices.split(",") and program.exists() and (not only or "calibration" in only):
+        steps.append(("h200 calibration gpt-1.7b", program, "data=1,tensor=1", {"batch": 8}, "h200",
+                      options.calibration / "h200_gpt1.7b_b8.perfetto.json.gz"))
+    if not steps:
+        raise SystemExit(f"no measurements in {options.measured} for {options.devices}")
+    totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
+    peaks = {}
+    with tempfile.TemporaryDirectory(prefix="flint-kernels-") as tmp:
+        for index, (label, model, mesh, args, device, profile) in enumerate(steps):
+            kernels, peaks[device] = traced_kernels(model, mesh, args, device, Path(tmp) / str(index))
+            for group, values in compare(label, kernels, peaks[device], profile, options.top).items():
+                for i, value in enumerate(values):
+                    totals[device][group][i] += value
+    for device, groups in totals.items():
+        print(f"\n{device}, every step above:")
+        summarize([Kernel("", g, 0, int(b), p, m) for g, (m, p, b) in groups.items()], peaks[device])
+
+
+if __name__ == "__main__":
+    main()
