@@ -22,7 +22,6 @@ from types import MappingProxyType
 import numpy as np
 
 from flint.compile.gpu_module import (
-    kernel_names,
     latency_estimates,
     record_convolutions,
     record_instruction_ids,
@@ -73,7 +72,7 @@ class PartitionedModule:
     (the GPU compiler's optimised module; empty elsewhere)."""
     kernels: Mapping[int, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     """(name, emitter) by scheduled instruction id (the GPU compiler's optimised module; empty
-    elsewhere): `flint.compile.gpu_module.kernel_names`."""
+    elsewhere): `flint.compile.gpu_module.record_instruction_ids`."""
     donated: tuple[int, ...] = ()
     """The step arguments donated to the compile (`jax.jit`'s `donate_argnums`)."""
     compiler_fallback: str | None = None
@@ -144,21 +143,21 @@ def _temp_full(directory: Path | str) -> FlintError:
     )
 
 
-def for_conversion(module_proto: bytes) -> bytes:
+def for_conversion(module_proto: bytes) -> tuple[bytes, dict[int, tuple[str, str]]]:
     """The optimised module as the conversion to StableHLO must see it, parsed and written once:
     in schedule order, with the groups of its several-operand all-to-alls written out, its loops'
     known trip counts and its library convolutions recorded and its combined collectives split
-    (`flint.compile.gpu_module`)."""
+    (`flint.compile.gpu_module`); and its kernels' names and emitters by instruction id."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     module = HloModule.FromString(module_proto)
     record_trip_counts(module)
-    record_instruction_ids(module)
+    kernels = record_instruction_ids(module)
     record_convolutions(module)
     split_combined_collectives(module)
     _in_schedule_order(module)
     _write_out_tuple_all_to_all_groups(module)
-    return module.SerializeToString()
+    return module.SerializeToString(), kernels
 
 
 def _in_schedule_order(module) -> None:
@@ -318,8 +317,7 @@ def partition(
     compiled_at = time.perf_counter()
     kernels = {}
     if stage == "optimized":
-        kernels = kernel_names(module_proto)
-        module_proto = for_conversion(module_proto)
+        module_proto, kernels = for_conversion(module_proto)
     return PartitionedModule(
         stage=stage,
         stablehlo=bytes(_jax.mlir.hlo_to_stablehlo(module_proto)),

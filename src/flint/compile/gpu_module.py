@@ -76,31 +76,20 @@ def record_convolutions(module) -> None:
             })
 
 
-def record_instruction_ids(module) -> None:
+def record_instruction_ids(module) -> dict[int, tuple[str, str]]:
     """Mark each scheduled instruction that can become a trace node with its own id, so that the
-    node can be timed with XLA's estimate for it (`--durations xla`)."""
-    for computation in module.computations:
-        if computation.id not in module.schedule.sequences:
-            continue
-        for instruction in computation.instructions:
-            if instruction.opcode not in _BOOKKEEPING:
-                instruction.frontend_attributes.map[INSTRUCTION] = str(instruction.id)
-
-
-def kernel_names(module_proto: bytes) -> dict[int, tuple[str, str]]:
-    """(name, emitter) by instruction id of each scheduled instruction that `record_instruction_ids`
-    marks: the name is the one a GPU profile gives the kernel where the same compiler built it, the
-    emitter the fusion's backend kind (`__triton` for a Triton block-level fusion, empty for XLA's
-    own emitters), so that a profile's kernels can be matched one by one (`bench/kernels.py`)."""
-    from flint.schema.hlo_envelope_pb2 import HloModule
-
-    module = HloModule.FromString(module_proto)
+    node can be timed with XLA's estimate for it (`--durations xla`). Returns (name, emitter) by id
+    of the marked instructions: the name is the one a GPU profile gives the kernel where the same
+    compiler built it, the emitter the fusion's backend kind (`__triton` for a Triton block-level
+    fusion, empty for XLA's own emitters), so that a profile's kernels can be matched one by one
+    (`bench/kernels.py`)."""
     names = {}
     for computation in module.computations:
         if computation.id not in module.schedule.sequences:
             continue
         for instruction in computation.instructions:
             if instruction.opcode not in _BOOKKEEPING:
+                instruction.frontend_attributes.map[INSTRUCTION] = str(instruction.id)
                 config = json.loads(instruction.backend_config or b"{}") if instruction.opcode == "fusion" else {}
                 names[instruction.id] = (instruction.name, config.get("fusion_backend_config", {}).get("kind", ""))
     return names
