@@ -25,8 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import tomllib
 from pathlib import Path
+
+from measure_gpu import suite
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE, GEMM_TOLERANCE, MEMORY_TOLERANCE = 0.10, 0.15, 0.10
@@ -84,7 +85,7 @@ def main() -> None:
     options = parser.parse_args()
     if options.keep:
         options.keep.mkdir(parents=True, exist_ok=True)
-    steps = {s["name"]: s for s in tomllib.loads((ROOT / "bench" / "gpu_steps.toml").read_text())["step"]}
+    steps = {s["name"]: s for s in suite(ROOT / "bench" / "gpu_steps.toml", "")}
     wanted = set(options.only.split(",")) if options.only else set(steps)
     header = "".join(f"{label:>25}" for label in ("GEMM ms: Flint  real", "other ms", "step ms", "peak GB"))
     print(f"{'':<34}{header}")

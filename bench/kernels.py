@@ -46,7 +46,6 @@ class Kernel:
     nbytes: int
     modelled_us: float
     measured_us: float = 0.0
-    measured_count: int = 0
 
 
 def profile_name(name: str) -> str:
@@ -72,15 +71,17 @@ def traced_kernels(model: Path, mesh: str, model_args: dict, device: str, out: P
         group = ("gemm" if gemm is not None else "triton" if emitter == "__triton"
                  else "transpose" if data.get("kernel") == TRANSPOSE else "xla")
         micros = calibrated_micros(request.device, data["flops"], data["bytes"], gemm, data.get("kernel"))
-        kernel = kernels.setdefault(profile_name(name), Kernel(profile_name(name), group, 0, 0, 0.0))
+        key = profile_name(name)
+        kernel = kernels.setdefault(key, Kernel(key, group, 0, 0, 0.0))
         kernel.count += 1
         kernel.nbytes += data["bytes"]
         kernel.modelled_us += micros
     return kernels, request.device.mem_bw_gbps
 
 
-def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: Path, top: int) -> dict:
-    """Match the profile's kernels to `kernels`; print the step's groups (and its `top` kernels)."""
+def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: Path, top: int) -> list[Kernel]:
+    """Match the profile's kernels to `kernels`; print the step's groups (and its `top` kernels) and
+    return the matched kernels."""
     from flint.analysis.calibrate import read_profile
 
     measured_us: dict[str, float] = defaultdict(float)
@@ -90,23 +91,23 @@ def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: P
         counts[name] += 1
     matched = [k for name, k in kernels.items() if counts[name] == k.count]
     for kernel in matched:
-        kernel.measured_us, kernel.measured_count = measured_us[kernel.name], counts[kernel.name]
+        kernel.measured_us = measured_us[kernel.name]
     total = sum(measured_us.values())
     share = sum(k.measured_us for k in matched) / total if total else 0.0
     print(f"\n{label}: {len(matched)} of {len(kernels)} kernel names matched, {share:.0%} of the "
           f"profile's {total / 1e3:,.1f} ms")
-    groups = summarize(matched, peak_gbps)
+    summarize(matched, peak_gbps)
     if top:
         print(f"  {'kernel':<34}{'group':<10}{'runs':>5}{'real ms':>10}{'Flint ms':>10}{'ratio':>7}{'of peak':>8}")
     for kernel in sorted(matched, key=lambda k: -k.measured_us)[:top]:
         print(f"  {kernel.name[:33]:<34}{kernel.group:<10}{kernel.count:>5}{kernel.measured_us / 1e3:>10,.2f}"
               f"{kernel.modelled_us / 1e3:>10,.2f}{kernel.modelled_us / kernel.measured_us:>7.2f}"
               f"{kernel.nbytes / kernel.measured_us / peak_gbps / 1e3:>8.2f}")
-    return groups
+    return matched
 
 
-def summarize(matched: list[Kernel], peak_gbps: float) -> dict[str, tuple[float, float, int]]:
-    """Print and return (measured µs, modelled µs, bytes) per group."""
+def summarize(matched: list[Kernel], peak_gbps: float) -> None:
+    """Print measured and modelled ms and the bandwidth reached per group."""
     groups = {g: (sum(k.measured_us for k in matched if k.group == g),
                   sum(k.modelled_us for k in matched if k.group == g),
                   sum(k.nbytes for k in matched if k.group == g)) for g in GROUPS}
@@ -115,7 +116,6 @@ def summarize(matched: list[Kernel], peak_gbps: float) -> dict[str, tuple[float,
         if measured:
             print(f"  {group:<44}{measured / 1e3:>10,.1f}{modelled / 1e3:>10,.1f}{modelled / measured:>7.2f}"
                   f"{nbytes / measured / peak_gbps / 1e3:>11.2f}")
-    return groups
 
 
 def main() -> None:
@@ -139,17 +139,15 @@ def main() -> None:
                       options.calibration / "h200_gpt1.7b_b8.perfetto.json.gz"))
     if not steps:
         raise SystemExit(f"no measurements in {options.measured} for {options.devices}")
-    totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
+    matched: dict[str, list[Kernel]] = defaultdict(list)
     peaks = {}
     with tempfile.TemporaryDirectory(prefix="flint-kernels-") as tmp:
         for index, (label, model, mesh, args, device, profile) in enumerate(steps):
             kernels, peaks[device] = traced_kernels(model, mesh, args, device, Path(tmp) / str(index))
-            for group, values in compare(label, kernels, peaks[device], profile, options.top).items():
-                for i, value in enumerate(values):
-                    totals[device][group][i] += value
-    for device, groups in totals.items():
+            matched[device] += compare(label, kernels, peaks[device], profile, options.top)
+    for device, found in matched.items():
         print(f"\n{device}, every step above:")
-        summarize([Kernel("", g, 0, int(b), p, m) for g, (m, p, b) in groups.items()], peaks[device])
+        summarize(found, peaks[device])
 
 
 if __name__ == "__main__":
