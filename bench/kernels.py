@@ -25,7 +25,6 @@ that a memory-bound kernel model can take. Every figure comes from this run and 
 from __future__ import annotations
 
 import argparse
-import re
 import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -48,35 +47,28 @@ class Kernel:
     measured_us: float = 0.0
 
 
-def profile_name(name: str) -> str:
-    return re.sub(r"[.\-]", "_", name)
-
-
 def traced_kernels(model: Path, mesh: str, model_args: dict, device: str, out: Path) -> tuple[dict[str, Kernel], float]:
-    """Flint's compute nodes of the program on `gpu:DEVICE`, by profile name, and the device's peak
-    bandwidth (GB/s)."""
-    from flint.api import extract_request
-    from flint.devices.kernels import TRANSPOSE, calibrated_micros
-    from flint.pipeline import extract
+    """Flint's compute nodes of the program on `gpu:DEVICE` (the trace's rank 0), by the name a
+    profile gives each kernel, and the device's peak bandwidth (GB/s)."""
+    import flint
+    from flint.analysis.calibrate import trace_kernels
+    from flint.devices import BUILTIN
+    from flint.devices.kernels import TRANSPOSE, TRITON, calibrated_micros
+    from flint.trace.reader import read_trace
 
-    request = extract_request(model, mesh, out, backend=f"gpu:{device}", model_args=model_args, force=True)
-    extraction = extract(request)
-    names = extraction.module.kernels
+    flint.extract(model, mesh, out, backend=f"gpu:{device}", model_args=model_args, force=True)
+    spec = BUILTIN[device]
     kernels: dict[str, Kernel] = {}
-    for _, data in extraction.graph.graph.nodes(data=True):
-        if data.get("kind") != "compute" or data.get("instruction") not in names:
+    for node in trace_kernels(read_trace(next(out.glob("*.0.et")))):
+        if node.name is None:
             continue
-        name, emitter = names[data["instruction"]]
-        gemm = data.get("gemm")
-        group = ("gemm" if gemm is not None else "triton" if emitter == "__triton"
-                 else "transpose" if data.get("kernel") == TRANSPOSE else "xla")
-        micros = calibrated_micros(request.device, data["flops"], data["bytes"], gemm, data.get("kernel"))
-        key = profile_name(name)
-        kernel = kernels.setdefault(key, Kernel(key, group, 0, 0, 0.0))
+        group = ("gemm" if node.gemm is not None else "triton" if node.kernel == TRITON
+                 else "transpose" if node.kernel == TRANSPOSE else "xla")
+        kernel = kernels.setdefault(node.name, Kernel(node.name, group, 0, 0, 0.0))
         kernel.count += 1
-        kernel.nbytes += data["bytes"]
-        kernel.modelled_us += micros
-    return kernels, request.device.mem_bw_gbps
+        kernel.nbytes += node.nbytes
+        kernel.modelled_us += calibrated_micros(spec, node.flops, node.nbytes, node.gemm, node.kernel)
+    return kernels, spec.mem_bw_gbps
 
 
 def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: Path, top: int) -> list[Kernel]:

@@ -54,8 +54,9 @@ def hand_kernel_micros(node: pb.Node, device: dict) -> float:
     bandwidth = device["mem_bw_gbps"] * 1e9
     if gemm is None:
         vector = device.get("vector_tflops", device["peak_tflops"]) * 1e12
-        # An untiled transpose of the minor dimension moves its bytes at the transpose efficiency.
-        efficiency = c.get("transpose_efficiency") if kernel == "transpose" else None
+        # An untiled transpose of the minor dimension moves its bytes at the transpose efficiency,
+        # a Triton block-level fusion at the Triton efficiency.
+        efficiency = c.get(f"{kernel}_efficiency") if kernel in ("transpose", "triton") else None
         efficiency = efficiency or c["memory_efficiency"]
         return c["kernel_overhead_us"] + max(flops / vector, nbytes / (bandwidth * efficiency)) * 1e6
     batch, m, n, k, bits = gemm

@@ -342,20 +342,20 @@ def test_pipeline_stages_on_the_gpu_compiler(tmp_path):
         assert sends == sorted(expected), f"rank {rank}"
 
 
-def test_kernel_names_match_a_profile_one_by_one(tmp_path):
-    """The GPU compile keeps each node's instruction name and emitter, which a profile's kernels
-    are named after: mlp's five matmuls are Triton GEMM fusions (`gemm_fusion_dot*`, emitted by
-    Triton's GEMM emitter) and its other kernels XLA's own fusions, named by their kind."""
-    from flint.api import extract_request
-    from flint.pipeline import extract as run_stages
-
-    request = extract_request(EXAMPLES / "mlp.py", "2x4", tmp_path / "t", backend="gpu:h100")
-    extraction = run_stages(request)
-    kernels = extraction.module.kernels
-    compute = [data for _, data in extraction.graph.graph.nodes(data=True) if data.get("kind") == "compute"]
-    assert compute and all(data["instruction"] in kernels for data in compute)
-    gemms = [kernels[data["instruction"]] for data in compute if data.get("gemm") is not None]
-    assert len(gemms) == 5
-    assert all(name.startswith("gemm_fusion_dot") and emitter.startswith("__triton") for name, emitter in gemms)
-    others = [kernels[data["instruction"]] for data in compute if data.get("gemm") is None]
-    assert others and all(not name.startswith("gemm_fusion") and emitter == "" for name, emitter in others)
+def test_kernel_names_match_a_profile_one_by_one(mlp_gpu, fsdp_gpu):
+    """Each kernel node keeps the GPU compiler's name for its instruction, which a profile's kernel
+    is named after, and a fusion the compiler hands to Triton's block-level emitter is a `triton`
+    kernel: mlp's five matmuls are Triton GEMM fusions (`gemm_fusion_dot*`), and the GPT of fsdp's
+    softmax rows are the fusions the compiler names `triton_softmax*` (and any others it emits so)."""
+    out, _ = mlp_gpu
+    compute = [n for n in read_trace(out / "mlp.0.et").nodes if n.type == pb.COMP_NODE]
+    names = {attr_value(n, "kernel_name"): attr_value(n, "kernel") for n in compute}
+    assert None not in names and len(names) == len(compute)  # one kernel each, once a step
+    assert sorted(kind for name, kind in names.items() if name.startswith("gemm_fusion_dot")) == ["gemm"] * 5
+    assert all(kind != "gemm" for name, kind in names.items() if not name.startswith("gemm_fusion_dot"))
+    out, _ = fsdp_gpu
+    compute = [n for n in read_trace(out / "fsdp.0.et").nodes if n.type == pb.COMP_NODE]
+    softmax = [n for n in compute if attr_value(n, "kernel_name").startswith("triton_softmax")]
+    assert softmax and all(attr_value(n, "kernel") == "triton" for n in softmax)
+    assert all(attr_value(n, "kernel_name").startswith(("fusion", "triton")) for n in compute
+               if attr_value(n, "kernel") == "triton")

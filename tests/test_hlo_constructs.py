@@ -31,7 +31,7 @@ def graph_of(entry: str, ranks: int = 8, computations: str = ADD, scheduled: boo
     proto = hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
     stage = "optimized" if scheduled else "partitioned"
     if scheduled:
-        proto, _ = for_conversion(proto)
+        proto = for_conversion(proto)
     module = PartitionedModule(stage, bytes(_jax.mlir.hlo_to_stablehlo(proto)), ranks, 0.0, 0.0)
     return build_graph(parse_module(module), ranks)
 

@@ -1,13 +1,14 @@
 """The kernel-time model, derived by hand from its formula on a device of round numbers
 (`tests/models/round_device.toml`: 100 TFLOP/s, 10,000 GB/s, 10 TFLOP/s vector, 4 units of 64 x 64
 tiles, GEMM efficiency 0.5, depth overhead 64, memory efficiency 0.25, transpose efficiency 0.1,
-2 µs a kernel), and every command timing a trace as the trace says unless told otherwise."""
+Triton efficiency 0.2, 2 µs a kernel), and every command timing a trace as the trace says unless told otherwise."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,19 +82,34 @@ def test_an_untiled_transpose_moves_its_bytes_at_the_transpose_efficiency(device
     assert kernel_micros(device, "roofline", 0, 10**6, None, "transpose") == pytest.approx(10**6 / 10_000e9 * 1e6)
 
 
-def _fusion(kind: str, permutation: tuple[int, ...]) -> Op:
+def test_a_triton_fusion_moves_its_bytes_at_the_triton_efficiency(device):
+    # 10^6 bytes at 0.2 x 10,000 GB/s: 0.5 µs; 10^7 FLOPs at the 10 TFLOP/s vector peak: 1 µs.
+    assert calibrated_micros(device, 0, 10**6, None, "triton") == pytest.approx(2.0 + 0.5)
+    assert calibrated_micros(device, 10**7, 10**6, None, "triton") == pytest.approx(2.0 + 1.0)
+    # A device file without one times them at the memory efficiency: 10^6 bytes in 0.4 µs.
+    without = replace(device, calibration=replace(device.calibration, triton_efficiency=None))
+    assert calibrated_micros(without, 0, 10**6, None, "triton") == pytest.approx(2.0 + 0.4)
+
+
+def _fusion(kind: str, permutation: tuple[int, ...], emitter: str | None = None) -> Op:
     """A fusion of one [4, 8, 3] f32 operand whose result is its transpose by `permutation`."""
     source = TensorType((4, 8, 3), "f32", 32)
     result = TensorType(tuple(source.shape[p] for p in permutation), "f32", 32)
     transpose = Op("transpose", "t", (0,), (1,), (source,), (result,), {"permutation": permutation})
-    return Op("fusion", "f", (9,), (10,), (source,), (result,), {"fusion_kind": kind},
-              (Region((0,), (transpose,), (1,)),))
+    attrs = {"fusion_kind": kind} | ({"emitter": emitter} if emitter else {})
+    return Op("fusion", "f", (9,), (10,), (source,), (result,), attrs, (Region((0,), (transpose,), (1,)),))
 
 
 def test_loop_fusions_that_transpose_the_minor_dimension_are_transpose_kernels():
     assert kernel_of(_fusion("kLoop", (0, 2, 1))) == "transpose"  # the minor dimension moves
     assert kernel_of(_fusion("kInput", (0, 2, 1))) == "fusion"  # tiled through shared memory
     assert kernel_of(_fusion("kLoop", (1, 0, 2))) == "fusion"  # rows move whole
+
+
+def test_fusions_the_compiler_gives_tritons_block_emitter_are_triton_kernels():
+    assert kernel_of(_fusion("kCustom", (1, 0, 2), "__triton")) == "triton"
+    assert kernel_of(_fusion("kCustom", (0, 2, 1), "__triton")) == "triton"  # Triton tiles its transposes
+    assert kernel_of(_fusion("kCustom", (1, 0, 2), "__cudnn$fusion")) == "fusion"
 
 
 def test_h200_file_times_a_large_gemm_near_what_the_gpu_measured():
@@ -314,3 +330,33 @@ def test_calibrate_fits_the_transposes_apart(llama_round, tmp_path):
     by_class = {k["kind"]: k for k in fit["classes"]}
     assert by_class["transpose"]["measured_kernels"] == by_class["transpose"]["traced_kernels"] == len(transposes)
     assert load_device(str(tmp_path / "fit.toml")).calibration.transpose_efficiency == pytest.approx(expected, rel=1e-3)
+
+
+def test_calibrate_fits_the_triton_fusions_apart(llama_round, tmp_path):
+    nodes = [n for n in read_trace(llama_round / "decoder.0.et").nodes if n.type == pb.COMP_NODE]
+    gemms = [n for n in nodes if any(a.name == "gemm" for a in n.attr)]
+    triton = [n for n in nodes if attr_value(n, "kernel") == "triton"]
+    names = sorted({attr_value(n, "kernel_name") for n in triton})
+    assert len(names) >= 2
+    # The first name's kernels run 20 µs each, as often as the trace has them; the second's run one
+    # time more than the trace has them (another compiler's kernel of that name): compared with
+    # the rest, as are its nodes.
+    first = [n for n in triton if attr_value(n, "kernel_name") == names[0]]
+    second = [n for n in triton if attr_value(n, "kernel_name") == names[1]]
+    profiled = (len(first) * [(names[0].replace(".", "_"), 20.0)]
+                + (len(second) + 1) * [(names[1].replace(".", "_"), 20.0)])
+    others = [n for n in nodes if n not in gemms and n not in first]
+    fit, other_us = _fit_one_profile(llama_round, tmp_path, len(gemms), len(others), profiled)
+    c = fit["device"]["calibration"]
+    # The matched kernels move bytes only: n x 1.5 + bytes / (bw e) = n x 20.
+    first_bytes = sum(attr_value(n, "tensor_size") for n in first)
+    expected = first_bytes / (10_000e3 * len(first) * (20.0 - 1.5))
+    assert c["triton_efficiency"] == pytest.approx(expected, rel=1e-3)
+    assert all(attr_value(n, "num_ops") / 10e12 < attr_value(n, "tensor_size") / (10_000e9 * expected) for n in first)
+    assert "triton_efficiency" in fit["fitted"]
+    by_class = {k["kind"]: k for k in fit["classes"]}
+    assert by_class["triton"]["measured_kernels"] == by_class["triton"]["traced_kernels"] == len(first)
+    assert by_class["triton"]["measured_ms"] == pytest.approx(len(first) * 20.0 / 1e3)
+    assert by_class["other"]["measured_ms"] == pytest.approx((sum(other_us) + (len(second) + 1) * 20.0) / 1e3)
+    assert by_class["other"]["traced_kernels"] == len(others) - len([n for n in others if attr_value(n, "kernel") == "transpose"])
+    assert load_device(str(tmp_path / "fit.toml")).calibration.triton_efficiency == pytest.approx(expected, rel=1e-3)

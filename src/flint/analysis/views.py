@@ -167,6 +167,6 @@ def calibration_view(fit) -> Table:
     c = fit.device.calibration
     table.caption = (f"fitted: kernel overhead {c.kernel_overhead_us:g} µs, GEMM efficiency "
                      f"{c.gemm_efficiency:g}, memory efficiency {c.memory_efficiency:g}"
-                     + (f", transpose efficiency {c.transpose_efficiency:g}"
-                        if "transpose_efficiency" in fit.fitted else ""))
+                     + "".join(f", {key.replace('_', ' ')} {getattr(c, key):g}"
+                               for key in ("transpose_efficiency", "triton_efficiency") if key in fit.fitted))
     return table

@@ -70,9 +70,6 @@ class PartitionedModule:
     estimates: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
     """Microseconds by scheduled instruction id, as XLA's latency-hiding scheduler estimated them
     (the GPU compiler's optimised module; empty elsewhere)."""
-    kernels: Mapping[int, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
-    """(name, emitter) by scheduled instruction id (the GPU compiler's optimised module; empty
-    elsewhere): `flint.compile.gpu_module.record_instruction_ids`."""
     donated: tuple[int, ...] = ()
     """The step arguments donated to the compile (`jax.jit`'s `donate_argnums`)."""
     compiler_fallback: str | None = None
@@ -143,21 +140,21 @@ def _temp_full(directory: Path | str) -> FlintError:
     )
 
 
-def for_conversion(module_proto: bytes) -> tuple[bytes, dict[int, tuple[str, str]]]:
+def for_conversion(module_proto: bytes) -> bytes:
     """The optimised module as the conversion to StableHLO must see it, parsed and written once:
     in schedule order, with the groups of its several-operand all-to-alls written out, its loops'
     known trip counts and its library convolutions recorded and its combined collectives split
-    (`flint.compile.gpu_module`); and its kernels' names and emitters by instruction id."""
+    (`flint.compile.gpu_module`)."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     module = HloModule.FromString(module_proto)
     record_trip_counts(module)
-    kernels = record_instruction_ids(module)
+    record_instruction_ids(module)
     record_convolutions(module)
     split_combined_collectives(module)
     _in_schedule_order(module)
     _write_out_tuple_all_to_all_groups(module)
-    return module.SerializeToString(), kernels
+    return module.SerializeToString()
 
 
 def _in_schedule_order(module) -> None:
@@ -315,9 +312,8 @@ def partition(
         schedules = list(Path(tmp).glob("*.schedule.pb"))
         estimates = latency_estimates(schedules[0].read_bytes()) if len(schedules) == 1 else {}
     compiled_at = time.perf_counter()
-    kernels = {}
     if stage == "optimized":
-        module_proto, kernels = for_conversion(module_proto)
+        module_proto = for_conversion(module_proto)
     return PartitionedModule(
         stage=stage,
         stablehlo=bytes(_jax.mlir.hlo_to_stablehlo(module_proto)),
@@ -327,7 +323,6 @@ def partition(
         groups_by_channel=MappingProxyType(mesh_axes_groups_by_channel(module_proto)),
         memory=memory if memory is None else replace(memory, donated=donated_bytes(workload.args, donated)),
         estimates=MappingProxyType(estimates),
-        kernels=MappingProxyType(kernels),
         donated=donated,
         compiler_fallback=fallback,
     )

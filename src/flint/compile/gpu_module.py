@@ -6,8 +6,10 @@ Four things of that module do not survive the conversion as they are:
   (`known_trip_count`), while its condition reads the counter through fusions the trip-count rules
   of `flint.ir.loops` do not look into. It is copied into a frontend attribute, which the
   conversion keeps, as `TRIP_COUNT`;
-- which scheduled instruction an op comes from, which XLA's own time estimates are keyed by
-  (`--durations xla`): its id, as `INSTRUCTION`;
+- which scheduled instruction an op comes from: its id, as `INSTRUCTION`, which XLA's own time
+  estimates are keyed by (`--durations xla`); its name, as `KERNEL_NAME`, which a GPU profile
+  names the kernel after; and a fusion's emitter (its backend config's `kind`), as `EMITTER`,
+  which tells a Triton block-level fusion from XLA's own;
 - the convolution a cuDNN custom call runs (`__cudnn$convForward`, ...): the conversion keeps its
   operands and backend config but drops its window, dimension numbers and group counts. They are
   written, as JSON, into `CONVOLUTION`;
@@ -31,6 +33,12 @@ TRIP_COUNT = "flint_trip_count"
 COMBINED = "flint_combined"
 INSTRUCTION = "flint_instruction"
 """The id of the scheduled instruction an op comes from, which XLA's time estimates are keyed by."""
+KERNEL_NAME = "flint_kernel_name"
+"""The scheduled instruction's name (`fusion.103`): a GPU profile's kernel of that instruction is
+named alike, with `_` for `.` and `-` (`fusion_103`)."""
+EMITTER = "flint_emitter"
+"""A fusion's backend kind: `__triton` for a Triton block-level fusion (softmax- and norm-like rows),
+`__triton_gemm` for a Triton GEMM; absent for XLA's own loop and reduction emitters."""
 CONVOLUTION = "flint_convolution"
 """A custom call's convolution: `window` (per spatial dimension: size, stride, low and high padding,
 kernel (window) dilation, input (base) dilation), `input`, `kernel` and `output` (the dimension
@@ -76,23 +84,24 @@ def record_convolutions(module) -> None:
             })
 
 
-def record_instruction_ids(module) -> dict[int, tuple[str, str]]:
-    """Mark each scheduled instruction that can become a trace node with its own id, so that the
-    node can be timed with XLA's estimate for it (`--durations xla`). Returns (name, emitter) by id
-    of the marked instructions: the name is the one a GPU profile gives the kernel where the same
-    compiler built it, the emitter the fusion's backend kind (`__triton` for a Triton block-level
-    fusion, empty for XLA's own emitters), so that a profile's kernels can be matched one by one
-    (`bench/kernels.py`)."""
-    names = {}
+def record_instruction_ids(module) -> None:
+    """Mark each scheduled instruction that can become a trace node with its id, its name and, for
+    a fusion the compiler hands to an emitter of its own, that emitter: the node can then be timed
+    with XLA's estimate for it (`--durations xla`), matched to a profile's kernel by name
+    (`flint calibrate`) and timed by its emitter's efficiency (`flint.ir.costs.kernel_of`)."""
     for computation in module.computations:
         if computation.id not in module.schedule.sequences:
             continue
         for instruction in computation.instructions:
-            if instruction.opcode not in _BOOKKEEPING:
-                instruction.frontend_attributes.map[INSTRUCTION] = str(instruction.id)
-                config = json.loads(instruction.backend_config or b"{}") if instruction.opcode == "fusion" else {}
-                names[instruction.id] = (instruction.name, config.get("fusion_backend_config", {}).get("kind", ""))
-    return names
+            if instruction.opcode in _BOOKKEEPING:
+                continue
+            marks = instruction.frontend_attributes.map
+            marks[INSTRUCTION] = str(instruction.id)
+            marks[KERNEL_NAME] = instruction.name
+            if instruction.opcode == "fusion" and instruction.backend_config:
+                emitter = json.loads(instruction.backend_config).get("fusion_backend_config", {}).get("kind")
+                if emitter:
+                    marks[EMITTER] = emitter
 
 
 def latency_estimates(schedule: bytes) -> dict[int, float]:

@@ -18,7 +18,8 @@ The calibrated model, per kernel, in microseconds:
   rows, as in decoding, is bound by reading its weights);
 - any other kernel's compute is its FLOPs at the vector peak (element-wise work and reductions do
   not run on the matrix units), its bytes at `memory_efficiency` of the bandwidth, or at
-  `transpose_efficiency` for an untiled transpose of the minor dimension (`kernel` TRANSPOSE);
+  `transpose_efficiency` for an untiled transpose of the minor dimension (`kernel` TRANSPOSE),
+  or at `triton_efficiency` for a Triton block-level fusion (`kernel` TRITON);
 - `overhead` is the device's fixed cost per kernel.
 """
 
@@ -70,14 +71,15 @@ def gemm_micros(device: Device, flops: int, gemm: Sequence[int]) -> float:
 
 TRANSPOSE = "transpose"
 """The kernel kind (a node's `kernel`) of a fusion that writes an untiled minor-dimension transpose."""
+TRITON = "triton"
+"""The kernel kind of a fusion the GPU compiler emits as a Triton block-level kernel."""
 
 
 def bandwidth_efficiency(device: Device, kernel: str | None) -> float:
     """The share of the memory bandwidth a kernel that is not a GEMM reaches."""
     c = device.calibration
-    if kernel == TRANSPOSE and c.transpose_efficiency is not None:
-        return c.transpose_efficiency
-    return c.memory_efficiency
+    own = {TRANSPOSE: c.transpose_efficiency, TRITON: c.triton_efficiency}.get(kernel or "")
+    return c.memory_efficiency if own is None else own
 
 
 def calibrated_micros(device: Device, flops: int, nbytes: int, gemm: Sequence[int] | None = None,

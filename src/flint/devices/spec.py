@@ -35,6 +35,9 @@ class Calibration:
     - `transpose_efficiency`: the same for a kernel that writes a transpose moving the minor
       dimension without tiling it (XLA's `loop_*transpose*` fusions), whose reads or writes
       stride across rows; None: as `memory_efficiency`;
+    - `triton_efficiency`: the same for a fusion the GPU compiler emits as a Triton block-level
+      kernel (softmax- and normalization-like rows; `kernel` triton in a trace), whose tiles of
+      whole rows run at fewer programs per SM than XLA's own kernels; None: as `memory_efficiency`;
     - `kernel_overhead_us`: what every kernel costs beyond its work (launch, ramp, tail).
     """
 
@@ -43,6 +46,7 @@ class Calibration:
     gemm_k_overhead: float = 0.0
     memory_efficiency: float = 1.0
     transpose_efficiency: float | None = None
+    triton_efficiency: float | None = None
     kernel_overhead_us: float = 0.0
 
 
@@ -138,8 +142,8 @@ def _device(data, origin: str) -> Device:
                 gemm_tile=(tile[0], tile[1]),
                 gemm_k_overhead=_rate(calibration, "gemm_k_overhead", 0.0),
                 memory_efficiency=_fraction(calibration, "memory_efficiency"),
-                transpose_efficiency=(_fraction(calibration, "transpose_efficiency")
-                                      if calibration.get("transpose_efficiency") is not None else None),
+                transpose_efficiency=_optional_fraction(calibration, "transpose_efficiency"),
+                triton_efficiency=_optional_fraction(calibration, "triton_efficiency"),
                 kernel_overhead_us=_rate(calibration, "kernel_overhead_us", 0.0),
             ),
             sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
@@ -177,6 +181,12 @@ def _fraction(data: dict, key: str) -> float:
     if not 0 < value <= 1:
         raise ValueError(f"{key} is {value!r}, not in (0, 1]")
     return value
+
+
+def _optional_fraction(data: dict, key: str) -> float | None:
+    """`data[key]` as a fraction, or None where it is absent: that kind of kernel is timed at
+    `memory_efficiency`."""
+    return _fraction(data, key) if data.get(key) is not None else None
 
 
 BUILTIN: dict[str, Device] = _builtin()

@@ -104,6 +104,8 @@ class NodeMessages:
                 message.attr.append(_attr("transcendentals", int64_val=data["transcendentals"]))
             if "kernel" in data:
                 message.attr.append(_attr("kernel", string_val=data["kernel"]))
+            if "kernel_name" in data:
+                message.attr.append(_attr("kernel_name", string_val=data["kernel_name"]))
             if "gemm" in data:
                 message.attr.append(_attr("gemm", int64_list=pb.Int64List(values=data["gemm"])))
         elif planned.kind == COLLECTIVE:

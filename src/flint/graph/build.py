@@ -351,6 +351,8 @@ class _Builder:
                     attributes["gemm"] = cost.gemm.as_list()
                 if "instruction" in op.attrs:
                     attributes["instruction"] = op.attrs["instruction"]
+                if "kernel_name" in op.attrs:
+                    attributes["kernel_name"] = op.attrs["kernel_name"]
                 self.add(op, attributes)
 
 

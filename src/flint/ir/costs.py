@@ -245,12 +245,18 @@ KERNELS = {"dot_general": "gemm", "dot": "gemm", "convolution": "conv"}
 """A fusion (a kernel of the optimised module) that runs one of these is named after it."""
 
 
+TRITON_EMITTER = "__triton"
+"""The GPU compiler's backend kind for a fusion it emits as a Triton block-level kernel (rows of a
+softmax or a normalization, one tile per program), which reaches a bandwidth unlike its own
+loop and reduction kernels'."""
+
+
 def kernel_of(op: Op) -> str | None:
     """What kind of kernel an op of the optimised module is: a fusion is `gemm` or `conv` where it
-    runs a matmul or a convolution (with what the compiler fused around it), `transpose` where it
-    writes untiled transposes of the minor dimension, else `fusion` (element-wise work,
-    reductions); a cuBLAS call is `gemm`, a cuDNN convolution `conv`; anything else is not a
-    kernel."""
+    runs a matmul or a convolution (with what the compiler fused around it), `triton` where the
+    GPU compiler emits it as a Triton block-level fusion, `transpose` where it writes untiled
+    transposes of the minor dimension, else `fusion` (element-wise work, reductions); a cuBLAS
+    call is `gemm`, a cuDNN convolution `conv`; anything else is not a kernel."""
     if "convolution" in op.attrs:
         return "conv"
     if "product" in op.attrs:
@@ -261,6 +267,8 @@ def kernel_of(op: Op) -> str | None:
     kind = next((kind for opcode, kind in KERNELS.items() if opcode in inner), None)
     if kind is not None:
         return kind
+    if op.attrs.get("emitter") == TRITON_EMITTER:
+        return "triton"
     return "transpose" if _writes_transposed(op) else "fusion"
 
 

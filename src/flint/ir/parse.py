@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from flint.compile.capture import PartitionedModule
-from flint.compile.gpu_module import COMBINED, CONVOLUTION, INSTRUCTION, TRIP_COUNT
+from flint.compile.gpu_module import COMBINED, CONVOLUTION, EMITTER, INSTRUCTION, KERNEL_NAME, TRIP_COUNT
 from flint.compile.replica_groups import AxisRef, ModuleMesh, mesh_axes_groups
 from flint.errors import FlintError
 
@@ -322,7 +322,8 @@ def _library_convolution(op) -> dict[str, Any]:
 
 def _marks(frontend_attributes) -> dict[str, Any]:
     """What the compile stage wrote into an op's frontend attributes: a loop's known trip count,
-    the scheduled instruction it comes from, the combined collective it is a piece of."""
+    the scheduled instruction it comes from (its id, its name, a fusion's emitter), the combined
+    collective it is a piece of."""
     from jaxlib.mlir import ir
 
     out: dict[str, Any] = {}
@@ -330,6 +331,10 @@ def _marks(frontend_attributes) -> dict[str, Any]:
         out["trip_count"] = int(ir.StringAttr(frontend_attributes[TRIP_COUNT]).value)
     if INSTRUCTION in frontend_attributes:
         out["instruction"] = int(ir.StringAttr(frontend_attributes[INSTRUCTION]).value)
+    if KERNEL_NAME in frontend_attributes:
+        out["kernel_name"] = ir.StringAttr(frontend_attributes[KERNEL_NAME]).value
+    if EMITTER in frontend_attributes:
+        out["emitter"] = ir.StringAttr(frontend_attributes[EMITTER]).value
     if COMBINED in frontend_attributes:
         name, _, place = ir.StringAttr(frontend_attributes[COMBINED]).value.rpartition(":")
         out["combined"] = (name, int(place))

@@ -318,10 +318,20 @@ def gemm_shape(node: et_def_pb2.Node) -> list[int] | None:
     return values if len(values) == 5 else None
 
 
-def kernel_kind(node: et_def_pb2.Node) -> str | None:
-    """A compute node's `kernel` attribute (`gemm`, `conv`, `transpose`, `fusion`), or None."""
-    attr = _find_attr(node, "kernel")
+def _string_attr(node: et_def_pb2.Node, name: str) -> str | None:
+    attr = _find_attr(node, name)
     return attr.string_val if attr is not None and attr.WhichOneof("value") == "string_val" else None
+
+
+def kernel_kind(node: et_def_pb2.Node) -> str | None:
+    """A compute node's `kernel` attribute (`gemm`, `conv`, `triton`, `transpose`, `fusion`), or None."""
+    return _string_attr(node, "kernel")
+
+
+def kernel_name(node: et_def_pb2.Node) -> str | None:
+    """A compute node's `kernel_name` attribute: the GPU compiler's name for its instruction
+    (`fusion.103`), or None."""
+    return _string_attr(node, "kernel_name")
 
 
 def enum_name(enum: Any, value: int) -> str:
