@@ -360,3 +360,14 @@ def test_calibrate_fits_the_triton_fusions_apart(llama_round, tmp_path):
     assert by_class["other"]["measured_ms"] == pytest.approx((sum(other_us) + (len(second) + 1) * 20.0) / 1e3)
     assert by_class["other"]["traced_kernels"] == len(others) - len([n for n in others if attr_value(n, "kernel") == "transpose"])
     assert load_device(str(tmp_path / "fit.toml")).calibration.triton_efficiency == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_profiles_triton_fusions_are_known_by_the_traces_names():
+    """A profile names a Triton fusion like XLA's own, or like an untiled transpose where a newer
+    compiler handed one to Triton: only the trace's names tell."""
+    from flint.analysis.calibrate import kernel_class
+
+    triton = frozenset({"fusion_103", "loop_transpose_fusion_7"})
+    assert [kernel_class(name, triton) for name in ("fusion_103", "fusion_104", "loop_transpose_fusion_7",
+                                                    "loop_transpose_fusion_2", "nvjet_hsh_128x256")] == [
+        "triton", "other", "triton", "transpose", "gemm"]

@@ -71,12 +71,13 @@ class Profile:
 
 def kernel_class(name: str, triton: frozenset[str] = frozenset()) -> str:
     """A profiled kernel's class, by its name; `triton` holds the names of the Triton block-level
-    fusions (`matched_triton`), which the names alone do not tell from XLA's own."""
+    fusions (`matched_triton`), which the names alone do not tell from XLA's own (a newer XLA
+    hands some `loop_transpose_fusion`s to Triton)."""
+    if name in triton:
+        return TRITON
     if GEMM_KERNEL.search(name):
         return GEMM
-    if TRANSPOSE_KERNEL.search(name):
-        return TRANSPOSE
-    return TRITON if name in triton else OTHER
+    return TRANSPOSE if TRANSPOSE_KERNEL.search(name) else OTHER
 
 
 def node_class(gemm: Sequence[int] | None, kernel: str | None) -> str:
