@@ -273,3 +273,27 @@ def test_traces_are_validated_with_the_layout_they_were_extracted_with(tmp_path:
         ran = transfers(report, rank)
         assert {tuple(group) for _, group, _ in ran} == {tuple(everyone)}
         assert sum(size for _, _, size in ran) == 2 * 1024 * 4096 * F32 + F32  # and the loss
+
+
+@pytest.mark.parametrize("donate", [True, False])
+def test_traces_are_run_with_the_donation_they_were_extracted_with(tmp_path: Path, monkeypatch, donate) -> None:
+    """mlp.py's step replaces its parameters (argument 0), which an extraction donates unless
+    `--no-donate`: validating the trace compiles the step it runs the same way."""
+    import flint.analysis.execution as execution
+    from flint.analysis.validate import ValidateRequest, validate
+    from flint.devices import load_device
+    from flint.mesh import parse_mesh
+    from flint.trace.timing import Link
+
+    out = tmp_path / "traces"
+    extract(EXAMPLES / "mlp.py", "2x4", out, "--stage", "optimized", *([] if donate else ["--no-donate"]))
+    ran_with = []
+
+    def stop_at_run(workload, mesh, donated=()):
+        ran_with.append(donated)
+        raise RuntimeError("stop before running")
+
+    monkeypatch.setattr(execution, "run_profiled", stop_at_run)
+    with pytest.raises(RuntimeError, match="stop before running"):
+        validate(ValidateRequest(EXAMPLES / "mlp.py", parse_mesh("2x4"), load_device("h100"), Link(), traces=out))
+    assert ran_with == [(0,) if donate else ()]

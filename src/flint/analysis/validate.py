@@ -157,9 +157,9 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     from flint.compile.backend import make_virtual_mesh
     from flint.pipeline import ExtractRequest, extract
 
-    layout, model_args = LayoutRequest(), request.model_args
+    layout, model_args, donate = LayoutRequest(), request.model_args, True
     if request.traces is not None:
-        layout, model_args = _traced_layout(request.traces, model_args)
+        layout, model_args, donate = _as_traced(request.traces, model_args)
     with tempfile.TemporaryDirectory(prefix="flint-validate-") as tmp:
         extraction = extract(
             ExtractRequest(
@@ -170,6 +170,7 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
                 stage="optimized",
                 layout=layout,
                 model_args=model_args,
+                donate=donate,
                 command=request.command,
             )
         )
@@ -185,19 +186,20 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
     return replace(verdict, costliest_branches=extraction.graph.costliest_branches), execution
 
 
-def _traced_layout(
+def _as_traced(
     directory: Path, model_args: tuple[tuple[str, Any], ...]
-) -> tuple[LayoutRequest, tuple[tuple[str, Any], ...]]:
-    """The layout and model arguments `directory` was extracted with, so the step runs as it was
-    traced; refuses, before any slow work, what is not a trace, a Flint trace of another backend or
-    stage (its collectives are not those that run), and model arguments other than its own."""
+) -> tuple[LayoutRequest, tuple[tuple[str, Any], ...], bool]:
+    """The layout, model arguments and donation `directory` was extracted with, so the step runs
+    (and is compiled) as it was traced; refuses, before any slow work, what is not a trace, a Flint
+    trace of another backend or stage (its collectives are not those that run), and model
+    arguments other than its own."""
     try:
         find_traces(directory)
     except (FileNotFoundError, ValueError) as exc:
         raise FlintError(f"{exc}: --traces needs a directory of <prefix>.<rank>.et files") from None
     manifest = directory / "manifest.json"
     if not manifest.exists():
-        return LayoutRequest(), model_args  # not Flint's: compare it with the model's own layout
+        return LayoutRequest(), model_args, True  # not Flint's: compare it with the model's own layout
     recorded = json.loads(manifest.read_text())
     backend = recorded.get("backend", "cpu")
     if backend != "cpu":
@@ -218,7 +220,9 @@ def _traced_layout(
             f"arguments {directory} was extracted with ({dict(traced_args) or 'none'}): drop --model-arg, "
             "--traces runs the step as it was traced"
         )
-    return recorded_layout(recorded.get("layout", {}), f"{manifest}"), traced_args
+    # A --no-donate trace donated nothing; one that donated records what (older traces: unknown).
+    donate = bool(recorded.get("donated_arguments", True))
+    return recorded_layout(recorded.get("layout", {}), f"{manifest}"), traced_args, donate
 
 
 def compare(
