@@ -213,6 +213,8 @@ def _flops(op: Op) -> int | None:
         return op.operand_types[0].elements * max(1, math.ceil(math.log2(max(longest, 2)))) * body
     if op.opcode in ("rng", "rng_bit_generator"):
         return out
+    if op.opcode == "xla.rng_get_and_update_state":  # advances the step's 128-bit RNG counter
+        return 0
     return None
 
 
