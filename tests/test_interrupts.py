@@ -7,6 +7,7 @@ Each run gets its own TMPDIR, so that whatever it leaves there (XLA's dump direc
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -258,6 +259,20 @@ def test_exceptions_come_back_with_the_childs_traceback():
 def test_a_child_killed_from_outside_is_one_line():
     with Isolation() as isolation, pytest.raises(FlintError, match="was killed by SIGKILL"):
         isolation.run(lambda send: os.kill(os.getpid(), signal.SIGKILL), print)
+
+
+def test_a_child_that_aborts_points_at_its_own_message():
+    """Native code that aborts (XLA's failed checks) writes why to stderr first: the one line
+    points there instead of guessing memory."""
+    def abort(send):
+        faulthandler.disable()  # pytest's would print the child's Python stack as well
+        os.abort()
+
+    with Isolation() as isolation, pytest.raises(FlintError) as caught:
+        isolation.run(abort, print)
+    message = str(caught.value)
+    assert "aborted (SIGABRT)" in message and "the line above it says why" in message
+    assert "\n" not in message
 
 
 def test_sigint_kills_the_child_and_removes_its_temp_directory():

@@ -138,8 +138,14 @@ class _Child:
         self.reap()
 
     def death(self) -> str:
-        """Why the child ended without a word: the out-of-memory killer's SIGKILL, most likely."""
+        """Why the child ended without a word: the out-of-memory killer's SIGKILL, most likely; or
+        an abort in native code (a failed check of the compiler, an allocation that failed), which
+        writes its reason to stderr first."""
         status = self.reap()
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT:
+            return ("the extraction process aborted (SIGABRT) before it finished: the line above it "
+                    "says why (a check of the compiler that failed on this program or layout, or "
+                    "memory that ran out); try another layout, or free memory and run again")
         if os.WIFSIGNALED(status):
             how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
         else:
