@@ -8,6 +8,8 @@ left out of the expectation, as they are of the trace.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import EXAMPLES, MODELS, extract, flint, load_example
 from test_gpt import (
@@ -147,6 +149,23 @@ def test_sequence_parallel_layers_gather_and_reduce_scatter(traces, strategy, me
         assert [c for c in forward if c[0] == RS] == [scatter] * (2 * L), f"rank {rank}"
         assert {c[2] for c in forward} == {group}
         assert {c[1] for c in forward if c[0] == AG} <= {gathered * BF16, gathered * F32}
+
+
+def test_expert_parallelism_that_splits_no_weight_says_so(tmp_path):
+    """moe.py keeps its experts w_in [E, D, F] and w_out [E, F, D] beside the router [D, E], whose
+    first dimension is not E: no parameters under one path share a first dimension of experts, so
+    `--strategy ep` splits no weight (each stays whole in the manifest), and one warning says so;
+    moe_gshard.py's experts sit under a path of their own (params/experts) and are split, silently."""
+    run = flint("extract", EXAMPLES / "moe.py", "--mesh", "4x2", "--backend", "cpu", "--strategy", "ep",
+                "-o", tmp_path / "moe")
+    assert run.returncode == 0, run.stderr
+    said = [line for line in run.stderr.splitlines() if "no weight is split over the expert axis data" in line]
+    assert len(said) == 1 and "ep_plan" in said[0]
+    specs = json.loads((tmp_path / "moe" / "manifest.json").read_text())["layout"]["inputs"]
+    assert all(dim == [] for path, spec in specs.items() if path.startswith("params/") for dim in spec)
+    run = flint("extract", EXAMPLES / "moe_gshard.py", "--mesh", "4x2", "--backend", "cpu", "--strategy", "ep",
+                "-o", tmp_path / "gshard")
+    assert run.returncode == 0 and "expert axis" not in run.stderr
 
 
 @pytest.mark.parametrize("mesh, ep", [("4x2", 4), ("2x2x2", 2)], ids=["4x2", "2x2x2"])

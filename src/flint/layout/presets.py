@@ -20,7 +20,8 @@ Presets apply by shape and position, so they need no annotations at all:
   `expert` to the expert axis, `groups` (the token groups of tokens dispatched to experts) to the
   other axes. Meant for mixture-of-experts models (on a dense model it splits stacked layers). A
   model's declared expert split (`Workload.expert_parallel`, a `transformers` `ep_plan`) decides
-  for the weights it names instead of the stacking rule;
+  for the weights it names instead of the stacking rule. Where neither splits any weight (PyTorch's
+  dotted names form no group under one path), a warning says so;
 - FSDP splits over the axis named `fsdp` when there is one (`--mesh dp=2,fsdp=4,tp=2`), else over
   all the data axes.
 
@@ -282,6 +283,15 @@ def apply_preset(
             f"D = {width}, so shape cannot tell column- from row-parallel: split as column-parallel "
             "(the dimension after the first D); declare the split in the model (its own sharding, "
             "logical names or tp_plan) or give --shard PATTERN=SPEC"
+        )
+    if roles.expert and not any(
+        axis in dim for item in inputs if not item.in_batch for dim in item.spec for axis in roles.expert
+    ):
+        warnings.append(
+            f"--strategy {strategy}: no weight is split over the expert axis {roles.expert[0]}: no "
+            "parameters under one path ('/'-separated: PyTorch's dotted names form no group) share "
+            "a first dimension of experts, and the model declares no expert split; every rank holds "
+            "every weight: declare the split (an ep_plan, or --shard PATTERN=SPEC)"
         )
     if plan.whole_batch:
         batch_ways = ways(mesh, roles.batch)
