@@ -51,9 +51,9 @@ def traced_kernels(model: Path, mesh: str, model_args: dict, device: str, out: P
     """Flint's compute nodes of the program on `gpu:DEVICE` (the trace's rank 0), by the name a
     profile gives each kernel, and the device's peak bandwidth (GB/s)."""
     import flint
-    from flint.analysis.calibrate import trace_kernels
+    from flint.analysis.calibrate import OTHER, trace_kernels
     from flint.devices import BUILTIN
-    from flint.devices.kernels import TRANSPOSE, TRITON, calibrated_micros
+    from flint.devices.kernels import calibrated_micros
     from flint.trace.reader import read_trace
 
     flint.extract(model, mesh, out, backend=f"gpu:{device}", model_args=model_args, force=True)
@@ -62,8 +62,7 @@ def traced_kernels(model: Path, mesh: str, model_args: dict, device: str, out: P
     for node in trace_kernels(read_trace(next(out.glob("*.0.et")))):
         if node.name is None:
             continue
-        group = ("gemm" if node.gemm is not None else "triton" if node.kernel == TRITON
-                 else "transpose" if node.kernel == TRANSPOSE else "xla")
+        group = "xla" if node.kind == OTHER else node.kind
         kernel = kernels.setdefault(node.name, Kernel(node.name, group, 0, 0, 0.0))
         kernel.count += 1
         kernel.nbytes += node.nbytes
