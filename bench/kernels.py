@@ -19,7 +19,10 @@ Matched kernels are grouped by the emitter that built them in Flint's compile:
 
 Per group: measured and modelled ms, their ratio, and the bandwidth each kernel reached on the GPU
 (Flint's bytes over the measured time), as a share of the device's peak: the one number per class
-that a memory-bound kernel model can take. Every figure comes from this run and the recordings.
+that a memory-bound kernel model can take. `--top` lists kernels one by one, each with the emitter
+the GPU's own compile chose for it where `bench/measure_gpu.py` recorded that (`-` where it did
+not): XLA's fusion autotuner picks between its own emitter and Triton by timing both on the GPU.
+Every figure comes from this run and the recordings.
 """
 
 from __future__ import annotations
@@ -70,9 +73,11 @@ def traced_kernels(model: Path, mesh: str, model_args: dict, device: str, out: P
     return kernels, spec.mem_bw_gbps
 
 
-def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: Path, top: int) -> list[Kernel]:
-    """Match the profile's kernels to `kernels`; print the step's groups (and its `top` kernels) and
-    return the matched kernels."""
+def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: Path, top: int,
+            emitters: dict[str, str]) -> list[Kernel]:
+    """Match the profile's kernels to `kernels`; print the step's groups (and its `top` kernels,
+    with the emitter the GPU's compile chose where `emitters` records it) and return the matched
+    kernels."""
     from flint.analysis.calibrate import read_profile
 
     measured_us: dict[str, float] = defaultdict(float)
@@ -89,11 +94,12 @@ def compare(label: str, kernels: dict[str, Kernel], peak_gbps: float, profile: P
           f"profile's {total / 1e3:,.1f} ms")
     summarize(matched, peak_gbps)
     if top:
-        print(f"  {'kernel':<34}{'group':<10}{'runs':>5}{'real ms':>10}{'Flint ms':>10}{'ratio':>7}{'of peak':>8}")
+        print(f"  {'kernel':<34}{'group':<10}{'runs':>5}{'real ms':>10}{'Flint ms':>10}{'ratio':>7}{'of peak':>8}"
+              f"  GPU's emitter")
     for kernel in sorted(matched, key=lambda k: -k.measured_us)[:top]:
         print(f"  {kernel.name[:33]:<34}{kernel.group:<10}{kernel.count:>5}{kernel.measured_us / 1e3:>10,.2f}"
               f"{kernel.modelled_us / 1e3:>10,.2f}{kernel.modelled_us / kernel.measured_us:>7.2f}"
-              f"{kernel.nbytes / kernel.measured_us / peak_gbps / 1e3:>8.2f}")
+              f"{kernel.nbytes / kernel.measured_us / peak_gbps / 1e3:>8.2f}  {emitters.get(kernel.name, '-')}")
     return matched
 
 
@@ -123,19 +129,20 @@ def main() -> None:
         for record in measurements(options.measured, device):
             if not only or record["name"] in only:
                 steps.append((f"{device} {record['name']}", ROOT / record["model"], record["mesh"], record["args"],
-                              device, options.measured / f"{device}-{record['name']}.trace.json.gz"))
+                              device, options.measured / f"{device}-{record['name']}.trace.json.gz",
+                              record.get("emitters", {})))
     program = options.calibration / "gpt_megatron.py"
     if "h200" in options.devices.split(",") and program.exists() and (not only or "calibration" in only):
         steps.append(("h200 calibration gpt-1.7b", program, "data=1,tensor=1", {"batch": 8}, "h200",
-                      options.calibration / "h200_gpt1.7b_b8.perfetto.json.gz"))
+                      options.calibration / "h200_gpt1.7b_b8.perfetto.json.gz", {}))
     if not steps:
         raise SystemExit(f"no measurements in {options.measured} for {options.devices}")
     matched: dict[str, list[Kernel]] = defaultdict(list)
     peaks = {}
     with tempfile.TemporaryDirectory(prefix="flint-kernels-") as tmp:
-        for index, (label, model, mesh, args, device, profile) in enumerate(steps):
+        for index, (label, model, mesh, args, device, profile, emitters) in enumerate(steps):
             kernels, peaks[device] = traced_kernels(model, mesh, args, device, Path(tmp) / str(index))
-            matched[device] += compare(label, kernels, peaks[device], profile, options.top)
+            matched[device] += compare(label, kernels, peaks[device], profile, options.top, emitters)
     for device, found in matched.items():
         print(f"\n{device}, every step above:")
         summarize(found, peaks[device])

@@ -11,9 +11,13 @@ its outputs replace donated (loaded and donated as Flint loads and donates it:
 with `jax.profiler`.
 
 Writes, per step, one line of DIR/<device>.jsonl (step times, the compiler's memory analysis, the
-device's peak bytes in use) and DIR/<device>-<step>.trace.json.gz, the GPU's kernels of the profiled
-step in trace-event JSON (what `flint calibrate` reads). Steps left when `--budget-s` has passed are
-skipped, and say so. Needs JAX on a GPU and Flint's source (`src/`, put on the path here).
+device's peak bytes in use, and each fusion's emitter in the GPU's compile, by the name its kernel
+has in the profile) and DIR/<device>-<step>.trace.json.gz, the GPU's kernels of the profiled step in
+trace-event JSON (what `flint calibrate` reads). The emitters are recorded because on a GPU, XLA's
+fusion autotuner times each fusion with a reduction or a transpose under both its own emitter and
+Triton and keeps the faster: a choice that a compile without a GPU does not make. Steps left when
+`--budget-s` has passed are skipped, and say so. Needs JAX on a GPU and Flint's source (`src/`, put
+on the path here).
 """
 
 from __future__ import annotations
@@ -95,6 +99,26 @@ def compact_profile(directory: Path, destination: Path) -> int:
     return len(kernels)
 
 
+def kernel_emitters(compiled) -> dict[str, str]:
+    """Each fusion of a compiled step, by the name the profile gives its kernel, and the emitter
+    the compiler chose for it: its backend kind (`__triton`, `__triton_gemm`, ...) or `native` for
+    XLA's own loop and reduction emitters."""
+    from flint.analysis.calibrate import profile_name
+    from flint.compile.gpu_module import emitter_of
+    from flint.schema.hlo_envelope_pb2 import HloModule
+
+    emitters = {}
+    for serialized in compiled.runtime_executable().hlo_modules():
+        module = HloModule.FromString(serialized.as_serialized_hlo_module_proto())
+        for computation in module.computations:
+            if computation.id not in module.schedule.sequences:  # inside a fusion: not a kernel
+                continue
+            for instruction in computation.instructions:
+                if instruction.opcode == "fusion":
+                    emitters[profile_name(instruction.name)] = emitter_of(instruction) or "native"
+    return emitters
+
+
 def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     import jax
     import numpy as np
@@ -146,7 +170,8 @@ def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     return dict(name=step["name"], model=step["model"], mesh=axes, args=step.get("args", {}), device=tag,
                 device_kind=device.device_kind, jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
                 donated=list(donated), compile_s=round(compile_s, 2), step_s=times,
-                step_median_s=sorted(times)[len(times) // 2], profiled_kernels=kernels, memory=memory)
+                step_median_s=sorted(times)[len(times) // 2], profiled_kernels=kernels, memory=memory,
+                emitters=kernel_emitters(compiled))
 
 
 def main() -> None:

@@ -98,10 +98,17 @@ def record_instruction_ids(module) -> None:
             marks = instruction.frontend_attributes.map
             marks[INSTRUCTION] = str(instruction.id)
             marks[KERNEL_NAME] = instruction.name
-            if instruction.opcode == "fusion" and instruction.backend_config:
-                emitter = json.loads(instruction.backend_config).get("fusion_backend_config", {}).get("kind")
-                if emitter:
-                    marks[EMITTER] = emitter
+            emitter = emitter_of(instruction)
+            if emitter:
+                marks[EMITTER] = emitter
+
+
+def emitter_of(instruction) -> str | None:
+    """The emitter the compiler handed a fusion to (its backend config's `kind`, see `EMITTER`);
+    None for XLA's own emitters and for what is not a fusion."""
+    if instruction.opcode != "fusion" or not instruction.backend_config:
+        return None
+    return json.loads(instruction.backend_config).get("fusion_backend_config", {}).get("kind") or None
 
 
 def latency_estimates(schedule: bytes) -> dict[int, float]:
