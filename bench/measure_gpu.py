@@ -104,18 +104,15 @@ def kernel_emitters(compiled) -> dict[str, str]:
     the compiler chose for it: its backend kind (`__triton`, `__triton_gemm`, ...) or `native` for
     XLA's own loop and reduction emitters."""
     from flint.analysis.calibrate import profile_name
-    from flint.compile.gpu_module import emitter_of
+    from flint.compile.gpu_module import emitter_of, scheduled_instructions
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     emitters = {}
     for serialized in compiled.runtime_executable().hlo_modules():
         module = HloModule.FromString(serialized.as_serialized_hlo_module_proto())
-        for computation in module.computations:
-            if computation.id not in module.schedule.sequences:  # inside a fusion: not a kernel
-                continue
-            for instruction in computation.instructions:
-                if instruction.opcode == "fusion":
-                    emitters[profile_name(instruction.name)] = emitter_of(instruction) or "native"
+        for instruction in scheduled_instructions(module):
+            if instruction.opcode == "fusion":
+                emitters[profile_name(instruction.name)] = emitter_of(instruction) or "native"
     return emitters
 
 

@@ -829,9 +829,10 @@ def calibrate(pairs, output, rank, device_spec, name, as_json):
     trace of the same program (a directory or one rank's .et), extracted for that GPU. Kernels are
     compared by class (GEMMs, untiled transposes, Triton block-level fusions known by the trace's
     kernel names, everything else): the fit sets the device's per-kernel overhead and each class's
-    efficiency so that the class's modelled time, summed over the steps, equals the measured one, prints the profiles beside the model before and after, per class and
-    per step, and writes the device file (use it as --device). Steps of several programs give a
-    device that carries over to other programs better than one program's step does.
+    efficiency so that the class's modelled time, summed over the steps, equals the measured one,
+    prints the profiles beside the model before and after, per class and per step, and writes the
+    device file (use it as --device). Steps of several programs give a device that carries over to
+    other programs better than one program's step does.
     """
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
     from flint.analysis.calibrate import calibrate as fit_device

@@ -89,18 +89,24 @@ def record_instruction_ids(module) -> None:
     a fusion the compiler hands to an emitter of its own, that emitter: the node can then be timed
     with XLA's estimate for it (`--durations xla`), matched to a profile's kernel by name
     (`flint calibrate`) and timed by its emitter's efficiency (`flint.ir.costs.kernel_of`)."""
-    for computation in module.computations:
-        if computation.id not in module.schedule.sequences:
+    for instruction in scheduled_instructions(module):
+        if instruction.opcode in _BOOKKEEPING:
             continue
-        for instruction in computation.instructions:
-            if instruction.opcode in _BOOKKEEPING:
-                continue
-            marks = instruction.frontend_attributes.map
-            marks[INSTRUCTION] = str(instruction.id)
-            marks[KERNEL_NAME] = instruction.name
-            emitter = emitter_of(instruction)
-            if emitter:
-                marks[EMITTER] = emitter
+        marks = instruction.frontend_attributes.map
+        marks[INSTRUCTION] = str(instruction.id)
+        marks[KERNEL_NAME] = instruction.name
+        emitter = emitter_of(instruction)
+        if emitter:
+            marks[EMITTER] = emitter
+
+
+def scheduled_instructions(module):
+    """The instructions of the module's scheduled computations (the entry, loop bodies and
+    conditions, called computations): the ones that run as kernels or calls, not those inside a
+    fusion's body."""
+    for computation in module.computations:
+        if computation.id in module.schedule.sequences:
+            yield from computation.instructions
 
 
 def emitter_of(instruction) -> str | None:
