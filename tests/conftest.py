@@ -16,10 +16,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+import tomllib
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace

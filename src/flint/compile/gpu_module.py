@@ -131,16 +131,24 @@ def latency_estimates(schedule: bytes) -> dict[int, float]:
 
 
 def split_combined_collectives(module) -> None:
-    """Rewrite every asynchronous collective of several operands as one start and done per operand."""
+    """Rewrite every collective of several operands as one per operand: an asynchronous one as a
+    start and done per operand, a synchronous one (the GPU compiler leaves some in loops) as a
+    collective per operand; the pieces carry the combined one's name."""
     computations = {c.id: c for c in module.computations}
     next_computation = max(computations, default=0) + 1
     added: dict[int, list] = {}  # wrapped computation -> the bodies of its pieces
+    wrapped_by_async = {
+        i.called_computation_ids[0] for c in module.computations for i in c.instructions if i.opcode == "async-start"
+    }
     for computation in list(module.computations):
         pieces: dict[int, list] = {}
         rewritten = []
         next_id = max((i.id for i in computation.instructions), default=0) + 1
         for instruction in computation.instructions:
-            if _combined(instruction, computations):
+            if computation.id not in wrapped_by_async and _combined_in_place(instruction):
+                pieces[instruction.id] = _in_place_pieces(instruction, next_id)
+                next_id += len(instruction.operand_ids)
+            elif _combined(instruction, computations):
                 if instruction.opcode == "async-start":
                     wrapped = computations[instruction.called_computation_ids[0]]
                     bodies = _split_body(wrapped, next_computation, instruction.name)
@@ -170,6 +178,11 @@ def split_combined_collectives(module) -> None:
         module.computations.extend(ordered)
         for body in (b for bodies in added.values() for b in bodies):
             module.schedule.sequences[body.id].instruction_ids.extend(i.id for i in body.instructions)
+
+
+def _combined_in_place(instruction) -> bool:
+    """A synchronous collective of several operands (the GPU compiler leaves some inside loops)."""
+    return instruction.opcode in _SPLITTABLE and len(instruction.operand_ids) > 1
 
 
 def _combined(instruction, computations) -> bool:
@@ -224,6 +237,23 @@ def _split_body(wrapped, first_id: int, combined: str) -> list:
         body.program_shape.parameter_names.append(parameter.name)
         bodies.append(body)
     return bodies
+
+
+def _in_place_pieces(collective, first_id: int) -> list:
+    """One collective per operand, marked as piece k of the combined one, then a tuple of their
+    results under the combined collective's id, so the instructions that read it read the same."""
+    pieces = []
+    for k, operand in enumerate(collective.operand_ids):
+        piece = _copy(collective, first_id + k, f"{collective.name}.piece{k}")
+        piece.operand_ids.append(operand)
+        piece.control_predecessor_ids.extend(o for o in collective.operand_ids if o != operand)
+        piece.shape.CopyFrom(collective.shape.tuple_shapes[k])
+        piece.frontend_attributes.map[COMBINED] = f"{collective.name}:{k}"
+        pieces.append(piece)
+    joined = type(collective)(id=collective.id, name=collective.name, opcode="tuple")
+    joined.shape.CopyFrom(collective.shape)
+    joined.operand_ids.extend(p.id for p in pieces)
+    return [*pieces, joined]
 
 
 def _start_pieces(start, first_id: int, bodies: list | None) -> list:
