@@ -140,21 +140,41 @@ def _temp_full(directory: Path | str) -> FlintError:
     )
 
 
-def for_conversion(module_proto: bytes) -> bytes:
-    """The optimised module as the conversion to StableHLO must see it, parsed and written once:
-    in schedule order, with the groups of its several-operand all-to-alls written out, its loops'
-    known trip counts and its library convolutions recorded and its combined collectives split
+def for_conversion(module_proto: bytes, optimized: bool = True) -> bytes:
+    """The module as the conversion to StableHLO must see it, parsed and written once: each
+    mesh-axes collective on a channel of its own and, for the optimised module, in schedule order,
+    with the groups of its several-operand all-to-alls written out, its loops' known trip counts
+    and its library convolutions recorded and its combined collectives split
     (`flint.compile.gpu_module`)."""
     from flint.schema.hlo_envelope_pb2 import HloModule
 
     module = HloModule.FromString(module_proto)
-    record_trip_counts(module)
-    record_instruction_ids(module)
-    record_convolutions(module)
-    split_combined_collectives(module)
-    _in_schedule_order(module)
-    _write_out_tuple_all_to_all_groups(module)
+    _own_channels_for_mesh_axes_groups(module)
+    if optimized:
+        record_trip_counts(module)
+        record_instruction_ids(module)
+        record_convolutions(module)
+        split_combined_collectives(module)
+        _in_schedule_order(module)
+        _write_out_tuple_all_to_all_groups(module)
     return module.SerializeToString()
+
+
+def _own_channels_for_mesh_axes_groups(module) -> None:
+    """Give each collective whose groups are written as mesh axes a channel id no other
+    instruction has.
+
+    The groups of those collectives are read by channel id (`mesh_axes_groups_by_channel`), and
+    the XLA of JAX 0.12 gives several collectives one channel id (an all-to-all over one mesh axis
+    and an all-reduce over two, both on channel 1, in `examples/moe.py`). Send and receive pairs
+    share a channel on purpose and never have mesh-axes groups, so they keep theirs.
+    """
+    instructions = [i for c in module.computations for i in c.instructions]
+    next_channel = max((i.channel_id for i in instructions), default=0) + 1
+    for instruction in instructions:
+        if instruction.channel_id > 0 and instruction.HasField("mesh_axes_replica_groups"):
+            instruction.channel_id = next_channel
+            next_channel += 1
 
 
 def _in_schedule_order(module) -> None:
@@ -312,8 +332,7 @@ def partition(
         schedules = list(Path(tmp).glob("*.schedule.pb"))
         estimates = latency_estimates(schedules[0].read_bytes()) if len(schedules) == 1 else {}
     compiled_at = time.perf_counter()
-    if stage == "optimized":
-        module_proto = for_conversion(module_proto)
+    module_proto = for_conversion(module_proto, optimized=stage == "optimized")
     return PartitionedModule(
         stage=stage,
         stablehlo=bytes(_jax.mlir.hlo_to_stablehlo(module_proto)),
