@@ -27,6 +27,12 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("torch_mlir") is None,
+    reason="needs PyTorch and torch-mlir (flint-traces[torch])",
+)
+"""For a test of a PyTorch model file; a module of such tests calls `pytest.importorskip` instead."""
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import DEVICES, EXAMPLES, device_table, extract, hand_kernel_micros, load_example
+from conftest import DEVICES, EXAMPLES, device_table, extract, hand_kernel_micros, load_example, needs_torch
 
 from flint.devices import BUILTIN
 from flint.schema import et_def_pb2 as pb
@@ -73,6 +73,12 @@ SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "hf_moe", "hf_seq2s
                  "hf_llama_decode", "fsdp", "gpt", "torch_cnn", "torch_mlp", "decode", "moe", "moe_gshard", "mlp"]
 """Extraction order, longest first: the Hugging Face models and ResNet take 15 to 40 s, mlp 2 s."""
 
+TORCH_EXAMPLES = {
+    path.stem for path in EXAMPLES.glob("*.py") if re.search(r"^(import|from) (torch|transformers)\b", path.read_text(), re.M)
+}
+"""The PyTorch model files among the examples: those that import torch or transformers."""
+EXAMPLES_TO_RUN = [pytest.param(name, marks=needs_torch) if name in TORCH_EXAMPLES else name for name in EXAMPLE_MESHES]
+
 PEAK_TFLOPS, MEM_GBPS = 989, 3350  # H100 SXM, the gpu:h100 roofline
 H100 = device_table(DEVICES / "h100.toml")
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles\.")
@@ -93,6 +99,7 @@ def traces(request, tmp_path_factory):
         item.callspec.params["example"]
         for item in request.session.items
         if item.module is request.module and hasattr(item, "callspec") and "example" in item.callspec.params
+        and not any(mark.args and mark.args[0] for mark in item.iter_markers("skipif"))
     }
     base = tmp_path_factory.mktemp("gpu_traces")
 
@@ -231,7 +238,7 @@ def test_every_bundled_example_is_here():
     assert sorted(SLOWEST_FIRST) == sorted(EXAMPLE_MESHES)
 
 
-@pytest.mark.parametrize("example", list(EXAMPLE_MESHES))
+@pytest.mark.parametrize("example", EXAMPLES_TO_RUN)
 def test_every_rank_finishes_in_replay(example, traces, simulated):
     """Replay mode: every rank finishes, and each rank's compute time is its durations', by hand."""
     run = simulated(example)
@@ -240,7 +247,7 @@ def test_every_rank_finishes_in_replay(example, traces, simulated):
         assert run.gpu_time[rank] == sum(map(replay_ns, comps)), rank
 
 
-@pytest.mark.parametrize("example", list(EXAMPLE_MESHES))
+@pytest.mark.parametrize("example", EXAMPLES_TO_RUN)
 def test_every_rank_finishes_with_the_roofline(example, traces, simulated):
     """Roofline mode, where a node can take 0 ns: no trace's first node does (upstream bug 2 would
     abort the run before any rank finished), and every rank finishes with the roofline's compute

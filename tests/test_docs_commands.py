@@ -192,3 +192,21 @@ def test_docs_pages_are_in_the_site():
     """Every page of docs/ is in mkdocs.yml's nav, and every page the nav names exists."""
     nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert sorted(nav) == sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+
+
+def test_ci_runs_the_readme_test_command():
+    """`.ci/run` sets up and tests with the README's second command, character for character."""
+    readme = (ROOT / "README.md").read_text()
+    command = readme.split("# set up and run the tests\n", 1)[1].split("\n", 1)[0]
+    assert command.startswith("python3 -m venv .venv && ") and command.endswith("pytest -q")
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_manual_builds_without_a_warning(tmp_path):
+    """`mkdocs build --strict` fails on a broken link or anchor, or a page left out of the nav."""
+    pytest.importorskip("mkdocs", reason="needs the manual's site builder (flint-traces[docs])")
+    built = subprocess.run(
+        [str(Path(sys.executable).with_name("mkdocs")), "build", "--strict", "--quiet", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert built.returncode == 0, built.stderr

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, extract, flint, load_example
+from conftest import EXAMPLES, extract, flint, load_example, needs_torch
 
 from flint.trace.reader import attr_value, read_trace
 
@@ -151,6 +151,7 @@ def test_an_output_replaces_one_argument_at_most():
     assert replaced_arguments(lambda x: x.astype(jnp.bfloat16), (a(4),)) == ()
 
 
+@needs_torch
 def test_a_torch_training_step_donates_its_parameters(tmp_path):
     """`examples/torch_mlp.py` trains with SGD: its parameters are what the step replaces."""
     summary = extract(EXAMPLES / "torch_mlp.py", "2x4", tmp_path / "t", "--backend", "gpu:h100")
