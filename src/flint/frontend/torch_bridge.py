@@ -203,6 +203,8 @@ def to_exported(text: str, in_avals, out_avals, in_tree, out_tree):
     No input or output carries a sharding, so the module is device-polymorphic: called under
     `jax.jit` on a mesh, it is inlined and partitioned with the caller's shardings.
     """
+    import dataclasses
+
     from jax import export
     from jax._src import xla_bridge
     from jax._src.interpreters import mlir as jax_mlir
@@ -220,13 +222,16 @@ def to_exported(text: str, in_avals, out_avals, in_tree, out_tree):
             module, version, xla_bridge.get_backend().serialize_with_sdy
         )
     nothing_in, nothing_out = (None,) * len(in_avals), (None,) * len(out_avals)
+    # JAX 0.12 dropped this field, which earlier releases require
+    fields = {field.name for field in dataclasses.fields(export.Exported)}
+    older = {"_has_named_shardings": False} if "_has_named_shardings" in fields else {}
     return export.Exported(
         fun_name="torch_step",
         in_tree=in_tree,
         in_avals=tuple(in_avals),
         out_tree=out_tree,
         out_avals=tuple(out_avals),
-        _has_named_shardings=False,
+        **older,
         _in_named_shardings=nothing_in,
         _out_named_shardings=nothing_out,
         in_shardings_hlo=nothing_in,
