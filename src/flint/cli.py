@@ -299,9 +299,10 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
       flint extract examples/gpt.py --mesh data=4,tensor=2 --shard 'params/layers/w_in=None,data,tensor'
 
     Pipeline parallelism: --pipeline-stages S splits the stacked layers over the mesh axis named pp
-    (or stage), --microbatches M splits the batch (the step's last argument), and each stage runs
-    its forwards and backwards in --schedule order (gpipe: all forwards, then all backwards; 1f1b:
-    S - s - 1 forwards, then alternating; interleaved: --virtual-stages chunks per stage).
+    (or stage), --microbatches M splits every batch input (the step's last argument, the ones before
+    it laid out like it, or the model file's batch_argnums), and each stage runs its forwards and
+    backwards in --schedule order (gpipe: all forwards, then all backwards; 1f1b: S - s - 1
+    forwards, then alternating; interleaved: --virtual-stages chunks per stage).
 
     \b
       flint extract examples/gpt.py --mesh pp=3,dp=2,tp=2 --strategy dp+tp --pipeline-stages 3 --microbatches 4

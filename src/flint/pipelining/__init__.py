@@ -9,8 +9,8 @@ them. Imports: `flint.graph`, `flint.ir`, `flint.layout`, the frontend and the f
 [--virtual-stages V]` on a mesh with a stage axis (named `pp` or `stage`, of size S). Flint never
 re-derives what the compiler knows; it compiles one piece and arranges copies of it:
 
-1. One microbatch of one chunk is compiled for the mesh without the stage axis: the batch (the
-   step's last argument) keeps 1/M of its rows, and the stacked layer parameters (with their
+1. One microbatch of one chunk is compiled for the mesh without the stage axis: every batch input
+   (`flint.layout.batch`) keeps 1/M of its rows, and the stacked layer parameters (with their
    optimizer state: every pytree group whose arrays share one leading size) 1/(S·V) of their
    layers. Partitioning, parsing and graph building are as usual, so data and tensor parallelism
    and FSDP on the other mesh axes are the compiler's.

@@ -33,6 +33,8 @@ def one_microbatch(
     layers, optimizer state included), shardings as laid out; and the layers of a chunk."""
     import jax
 
+    if layout.batch_doubt:
+        raise FlintError(f"--pipeline-stages cuts every batch input into microbatches, but {layout.batch_doubt}")
     chunks = request.stages * request.virtual_stages
     stacked = stacked_paths(layout)
     if not stacked:
