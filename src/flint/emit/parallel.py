@@ -34,6 +34,17 @@ def _write_chunk(template: RankTemplate, directory: Path, prefix: str, ranks: Se
     return written
 
 
+def trace_bytes(emitter: ChakraEmitter) -> int:
+    """The bytes every rank's file will take, rendered class by class without being written: said
+    before writing and checked against the free disk space, since a pipelined trace of a thousand
+    ranks runs to tens of gigabytes."""
+    total = 0
+    for cls in range(len(emitter.classes.roles)):
+        template = emitter.template(cls)
+        total += sum(sum(map(len, template.render(rank))) for rank in emitter.classes.ranks(cls).tolist())
+    return total
+
+
 def write_ranks(
     emitter: ChakraEmitter,
     directory: Path,
