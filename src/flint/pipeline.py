@@ -214,7 +214,8 @@ def write_trace(
         estimates=_xla_estimates(request, extraction),
     )
     ranks = request.mesh.size
-    size = trace_bytes(emitter)
+    kept: dict = {}
+    size = trace_bytes(emitter, kept)
     free = shutil.disk_usage(out.staging).free
     if size > free:
         raise FlintError(
@@ -229,6 +230,7 @@ def write_trace(
         out.staging,
         prefix,
         (lambda done: progress("emit", done, ranks)) if progress else None,
+        kept=kept,
     )
     out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph, extraction.groups))
     out.write_text(
