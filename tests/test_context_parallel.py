@@ -109,3 +109,35 @@ def test_a_mesh_without_a_context_axis_is_one_line(tmp_path):
                 "--backend", "cpu", "-o", tmp_path / "out")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "a mesh axis named context or cp" in run.stderr and "--mesh data=2,context=2,tensor=2" in run.stderr
+
+
+def test_context_parallelism_pipelines_on_the_gpu_compiler(tmp_path):
+    """The same on `gpu:h100`, whose module updates the layers' stashed activations and stacked
+    gradients in place asynchronously: the activation crossing stages is still bf16 [2, 128, D]
+    (131,072 bytes). Each forward unit gathers k and v of each of its L / 2 layers in one
+    all-gather of 2 x [2, 128, KV/tp, hd] bf16, each backward reduce-scatters their gradients
+    (2 x [2, S, KV/tp, hd] bf16); a layer's matrix gradients are all-reduced over the data and
+    context ranks once per step, in the last microbatch's backward (B1.0)."""
+    out = tmp_path / "out"
+    summary = extract(MODEL, "pp=2,data=2,context=2,tensor=2", out, "--strategy", "dp+cp+tp",
+                      "--pipeline-stages", "2", "--microbatches", "2", "--backend", "gpu:h100")
+    b, s = B // 2 // DP, S // CP
+    assert summary["pipeline"]["activation_bytes"] == summary["pipeline"]["gradient_bytes"] == b * s * D * BF16
+    kv = b * s * (KV // TP) * HD * BF16
+    layer = (2 * D * H * HD // TP + 2 * D * KV * HD // TP + 3 * D * F // TP) * BF16
+    prefix, _ = find_traces(out)
+    groups = read_comm_groups(out / f"{prefix}.comm_groups.json")
+    for rank in (0, 13):
+        c, t, stage = rank // 2 % 2, rank % 2, rank // 8
+        context = (rank - 2 * c, rank - 2 * c + 2)
+        weights = tuple(8 * stage + t + 2 * k for k in range(4))
+        found = Counter(
+            (n.name.split()[0], attr_value(n, "comm_type"), attr_value(n, "comm_size"),
+             tuple(groups[int(attr_value(n, "pg_name"))]))
+            for n in read_trace(out / f"{prefix}.{rank}.et").nodes
+            if n.type == pb.COMM_COLL_NODE
+        )
+        for m in range(2):
+            assert found[f"F{m}.0", AG, 2 * kv, context] == L // 2, rank
+            assert found[f"B{m}.0", RS, 2 * kv * CP, context] == L // 2, rank
+        assert found["B0.0", AR, layer, weights] == 0 and found["B1.0", AR, layer, weights] == L // 2, rank

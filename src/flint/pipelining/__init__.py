@@ -43,8 +43,8 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    `F3.0 <name>`, `B3.0 <name>`, `U.0 <name>` for the update.
 
 On the compiler's optimised module (a GPU backend's default stage) the piece is its kernels: a
-scan's stacked outputs are updated in place inside fusions (seen through them, so they are not taken
-for the activation), the regions follow data edges alone (the compiler's schedule chains every
+scan's stacked outputs are updated in place inside fusions, some of them run asynchronously (seen
+through both, so they are not taken for the activation), the regions follow data edges alone (the compiler's schedule chains every
 kernel to the one before), and that schedule is kept inside each copy only: between units the
 pipeline's schedule orders them. The compiler inlines a loop of one trip, so there a chunk needs two
 or more layers.
