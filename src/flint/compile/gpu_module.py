@@ -19,7 +19,10 @@ Four things of that module do not survive the conversion as they are:
   not supported in StableHLO", "expected async done to have exactly one operand"). It is split
   into one start and done per operand, issued together where the combined one was, each marked
   `COMBINED` with its place among them (`all-gather-start.4:1`); the graph stage joins the marked
-  pieces back into the one collective the compiler made (`flint.graph.build`).
+  pieces back into the one collective the compiler made (`flint.graph.build`). A combined
+  collective the compiler made synchronous (the gradients of the keys and values that context
+  parallelism gathers, at Llama 3 405B's sizes: "'stablehlo.reduce_scatter' op requires a single
+  operand") is split alike, into one collective per operand and a tuple of their results.
 
 The CPU compiler's optimised module goes through the same steps, harmlessly: it has no combined
 asynchronous collectives, and its loops' counts agree with what `flint.ir.loops` reads.
@@ -135,6 +138,13 @@ def split_combined_collectives(module) -> None:
     computations = {c.id: c for c in module.computations}
     next_computation = max(computations, default=0) + 1
     added: dict[int, list] = {}  # wrapped computation -> the bodies of its pieces
+    wrapped_ids = {
+        called
+        for computation in module.computations
+        for instruction in computation.instructions
+        if instruction.opcode == "async-start"
+        for called in instruction.called_computation_ids
+    }
     for computation in list(module.computations):
         pieces: dict[int, list] = {}
         rewritten = []
@@ -150,6 +160,13 @@ def split_combined_collectives(module) -> None:
                     bodies = None
                 pieces[instruction.id] = _start_pieces(instruction, next_id, bodies)
                 next_id += 2 * len(instruction.operand_ids)  # the dones' ids follow the starts'
+            elif (
+                instruction.opcode in _SPLITTABLE
+                and len(instruction.operand_ids) >= 2
+                and computation.id not in wrapped_ids  # an async start's: split with it
+            ):
+                pieces[instruction.id] = _collective_pieces(instruction, next_id)
+                next_id += len(instruction.operand_ids)
             elif instruction.opcode.endswith("-done") and instruction.operand_ids[0] in pieces:
                 pieces[instruction.id] = _done_pieces(instruction, pieces[instruction.operand_ids[0]])
             else:
@@ -266,6 +283,22 @@ def _done_pieces(done, starts: list) -> list:
     joined.opcode = "tuple"
     joined.ClearField("backend_config")
     del joined.called_computation_ids[:]
+    joined.operand_ids.extend(p.id for p in pieces)
+    return [*pieces, joined]
+
+
+def _collective_pieces(collective, first_id: int) -> list:
+    """A synchronous collective of several operands as one per operand, each marked as piece k of
+    it, then a tuple of their results under its id, which its users read as before."""
+    pieces = []
+    for k, operand in enumerate(collective.operand_ids):
+        piece = _copy(collective, first_id + k, f"{collective.name}.piece{k}")
+        piece.operand_ids.append(operand)
+        piece.shape.CopyFrom(collective.shape.tuple_shapes[k])
+        piece.frontend_attributes.map[COMBINED] = f"{collective.name}:{k}"
+        pieces.append(piece)
+    joined = type(collective)(name=collective.name, opcode="tuple", id=collective.id)
+    joined.shape.CopyFrom(collective.shape)
     joined.operand_ids.extend(p.id for p in pieces)
     return [*pieces, joined]
 
