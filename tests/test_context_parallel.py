@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conftest import EXAMPLES, extract, flint, load_example, transfers
+from conftest import EXAMPLES, extract, extract_warnings, flint, load_example, transfers
 
 from flint.schema import et_def_pb2 as pb
 from flint.trace.reader import attr_value, find_traces, read_comm_groups, read_trace
@@ -141,3 +141,12 @@ def test_context_parallelism_pipelines_on_the_gpu_compiler(tmp_path):
             assert found[f"F{m}.0", AG, 2 * kv, context] == L // 2, rank
             assert found[f"B{m}.0", RS, 2 * kv * CP, context] == L // 2, rank
         assert found["B0.0", AR, layer, weights] == 0 and found["B1.0", AR, layer, weights] == L // 2, rank
+
+
+def test_a_sequence_that_does_not_divide_over_the_context_axis_is_a_warning(tmp_path):
+    warnings = extract_warnings(MODEL, "data=2,context=2,tensor=2", tmp_path / "out", "--strategy", "dp+cp+tp",
+                                "--model-arg", "seq=255")
+    assert any(
+        "tokens (255 positions), targets (255 positions) do not divide over context (2 ways): every rank "
+        "holds the whole sequence; use a sequence divisible by 2" in w for w in warnings
+    ), warnings

@@ -283,6 +283,15 @@ def strategies_using(axis: str, mesh) -> list[str]:
     ]
 
 
+def _not_dividing(strategy: str, inputs: list[str], axes, mesh, whole: str, advice: str) -> str:
+    """The warning for batch inputs that do not divide over `axes`, which so hold them whole."""
+    pieces = ways(mesh, axes)
+    return (
+        f"--strategy {strategy}: {listing(inputs)} do not divide over {'+'.join(axes)} ({pieces} "
+        f"ways): every rank holds the whole {whole}; use a {advice.format(pieces)}"
+    )
+
+
 def apply_preset(
     strategy: str,
     inputs: list[Input],
@@ -324,19 +333,14 @@ def apply_preset(
             "every weight: declare the split (an ep_plan, or --shard PATTERN=SPEC)"
         )
     if plan.whole_batch:
-        batch_ways = ways(mesh, roles.batch)
-        warnings.append(
-            f"--strategy {strategy}: {listing(plan.whole_batch)} do not divide over "
-            f"{'+'.join(roles.batch)} ({batch_ways} ways): every rank holds the whole batch; use a "
-            f"batch divisible by {batch_ways}, or a mesh whose batch axes divide it"
-        )
+        warnings.append(_not_dividing(
+            strategy, plan.whole_batch, roles.batch, mesh, "batch",
+            "batch divisible by {}, or a mesh whose batch axes divide it",
+        ))
     if plan.whole_sequence:
-        context_ways = ways(mesh, roles.context)
-        warnings.append(
-            f"--strategy {strategy}: {listing(plan.whole_sequence)} do not divide over "
-            f"{roles.context[0]} ({context_ways} ways): every context rank holds the whole sequence; "
-            f"use a sequence divisible by {context_ways}"
-        )
+        warnings.append(_not_dividing(
+            strategy, plan.whole_sequence, roles.context, mesh, "sequence", "sequence divisible by {}"
+        ))
     meant = (set(roles.batch) if plan.whole_batch else set()) | (
         set(roles.context) if plan.whole_sequence else set()
     )
