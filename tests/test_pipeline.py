@@ -378,6 +378,8 @@ def test_interleaved_chunks_wrap_from_the_last_stage_to_the_first(traces):
          "microbatches divisible by the stages"),
         (("--pipeline-stages", "4", "--schedule", "interleaved", "--virtual-stages", "8"),
          "(16 layers) does not divide into 32 chunks"),
+        (("--pipeline-stages", "4", "--schedule", "interleaved", "--virtual-stages", "8"), "model 32 layers"),
+        (("--pipeline-stages", "4", "--schedule", "interleaved", "--virtual-stages", "3"), "model 12 or 24 layers"),
     ],
 )
 def test_bad_requests_stop_with_one_line_and_write_nothing(tmp_path, flags, message):

@@ -67,6 +67,8 @@ def _click_errors_in_one_line() -> Iterator[None]:
 
 DEBUG = "flint.debug"
 """Key in `ctx.meta`, which every context of one command line shares, set by any `--debug`."""
+LARGE_TRACE_BYTES = 10**9
+"""From this size on, `flint extract` says how large the rank traces will be before writing them."""
 
 
 def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -299,9 +301,10 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
       flint extract examples/gpt.py --mesh data=4,tensor=2 --shard 'params/layers/w_in=None,data,tensor'
 
     Pipeline parallelism: --pipeline-stages S splits the stacked layers over the mesh axis named pp
-    (or stage), --microbatches M splits the batch (the step's last argument), and each stage runs
-    its forwards and backwards in --schedule order (gpipe: all forwards, then all backwards; 1f1b:
-    S - s - 1 forwards, then alternating; interleaved: --virtual-stages chunks per stage).
+    (or stage), --microbatches M splits every batch input (the step's last argument, the ones before
+    it laid out like it, or the model file's batch_argnums), and each stage runs its forwards and
+    backwards in --schedule order (gpipe: all forwards, then all backwards; 1f1b: S - s - 1
+    forwards, then alternating; interleaved: --virtual-stages chunks per stage).
 
     \b
       flint extract examples/gpt.py --mesh pp=3,dp=2,tp=2 --strategy dp+tp --pipeline-stages 3 --microbatches 4
@@ -311,7 +314,7 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
     """
     from flint.api import extract_request, extract_summary
     from flint.isolation import Interrupted
-    from flint.pipeline import extract_isolated
+    from flint.pipeline import TRACE_BYTES, extract_isolated
 
     started = time.perf_counter()
     request = extract_request(
@@ -325,6 +328,10 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
     task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
 
     def on_progress(stage_name: str, done: int, total: int) -> None:
+        if stage_name == TRACE_BYTES:
+            if done >= LARGE_TRACE_BYTES:
+                stderr.print(f"[yellow]note:[/] writing {request.mesh.size:,} rank traces, {done / 1e9:,.1f} GB")
+            return
         bars.start()  # only now: forking while its refresh thread ran could fork a lock it held
         bars.update(task, completed=done, total=total, visible=True)
 

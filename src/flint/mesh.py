@@ -15,6 +15,7 @@ from flint.errors import FlintError
 
 TENSOR_AXIS_NAMES = ("tensor", "tp", "model")
 EXPERT_AXIS_NAMES = ("expert", "ep")
+CONTEXT_AXIS_NAMES = ("context", "cp")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^[0-9]+$")

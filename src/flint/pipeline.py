@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from flint.emit import (
     first_nodes_take_time,
     rank_classes,
     rank_totals,
+    trace_bytes,
     write_ranks,
 )
 from flint.errors import FlintError
@@ -60,7 +62,9 @@ from flint.pipelining import (
 from flint.version import __version__
 
 Progress = Callable[[str, int, int], None]
-"""Called as `progress(stage, done, total)` while a stage works through many items."""
+"""Called as `progress(stage, done, total)` while a stage works through many items; once, before
+the rank files are written, as `progress(TRACE_BYTES, size, size)` with their size in bytes."""
+TRACE_BYTES = "trace-bytes"
 
 
 @dataclass(frozen=True)
@@ -210,12 +214,23 @@ def write_trace(
         estimates=_xla_estimates(request, extraction),
     )
     ranks = request.mesh.size
+    kept: dict = {}
+    size = trace_bytes(emitter, kept)
+    free = shutil.disk_usage(out.staging).free
+    if size > free:
+        raise FlintError(
+            f"the {ranks:,} rank traces need {size / 1e6:,.1f} MB and {request.output.parent} has "
+            f"{free / 1e6:,.1f} MB free: free space, choose another -o, or extract a smaller mesh"
+        )
+    if progress:
+        progress(TRACE_BYTES, size, size)
     out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
     extraction.bytes_written = write_ranks(
         emitter,
         out.staging,
         prefix,
         (lambda done: progress("emit", done, ranks)) if progress else None,
+        kept=kept,
     )
     out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph, extraction.groups))
     out.write_text(

@@ -19,7 +19,10 @@ Four things of that module do not survive the conversion as they are:
   not supported in StableHLO", "expected async done to have exactly one operand"). It is split
   into one start and done per operand, issued together where the combined one was, each marked
   `COMBINED` with its place among them (`all-gather-start.4:1`); the graph stage joins the marked
-  pieces back into the one collective the compiler made (`flint.graph.build`).
+  pieces back into the one collective the compiler made (`flint.graph.build`). A combined
+  collective the compiler made synchronous (the gradients of the keys and values that context
+  parallelism gathers, at Llama 3 405B's sizes: "'stablehlo.reduce_scatter' op requires a single
+  operand") is split alike, into one collective per operand and a tuple of their results.
 
 The CPU compiler's optimised module goes through the same steps, harmlessly: it has no combined
 asynchronous collectives, and its loops' counts agree with what `flint.ir.loops` reads.
@@ -132,23 +135,23 @@ def latency_estimates(schedule: bytes) -> dict[int, float]:
 
 def split_combined_collectives(module) -> None:
     """Rewrite every collective of several operands as one per operand: an asynchronous one as a
-    start and done per operand, a synchronous one (the GPU compiler leaves some in loops) as a
-    collective per operand; the pieces carry the combined one's name."""
+    start and done per operand, a synchronous one as a collective per operand."""
     computations = {c.id: c for c in module.computations}
     next_computation = max(computations, default=0) + 1
     added: dict[int, list] = {}  # wrapped computation -> the bodies of its pieces
-    wrapped_by_async = {
-        i.called_computation_ids[0] for c in module.computations for i in c.instructions if i.opcode == "async-start"
+    wrapped_ids = {
+        called
+        for computation in module.computations
+        for instruction in computation.instructions
+        if instruction.opcode == "async-start"
+        for called in instruction.called_computation_ids
     }
     for computation in list(module.computations):
         pieces: dict[int, list] = {}
         rewritten = []
         next_id = max((i.id for i in computation.instructions), default=0) + 1
         for instruction in computation.instructions:
-            if computation.id not in wrapped_by_async and _combined_in_place(instruction):
-                pieces[instruction.id] = _in_place_pieces(instruction, next_id)
-                next_id += len(instruction.operand_ids)
-            elif _combined(instruction, computations):
+            if _combined(instruction, computations):
                 if instruction.opcode == "async-start":
                     wrapped = computations[instruction.called_computation_ids[0]]
                     bodies = _split_body(wrapped, next_computation, instruction.name)
@@ -158,6 +161,13 @@ def split_combined_collectives(module) -> None:
                     bodies = None
                 pieces[instruction.id] = _start_pieces(instruction, next_id, bodies)
                 next_id += 2 * len(instruction.operand_ids)  # the dones' ids follow the starts'
+            elif (
+                instruction.opcode in _SPLITTABLE
+                and len(instruction.operand_ids) >= 2
+                and computation.id not in wrapped_ids  # an async start's: split with it
+            ):
+                pieces[instruction.id] = _collective_pieces(instruction, next_id)
+                next_id += len(instruction.operand_ids)
             elif instruction.opcode.endswith("-done") and instruction.operand_ids[0] in pieces:
                 pieces[instruction.id] = _done_pieces(instruction, pieces[instruction.operand_ids[0]])
             else:
@@ -178,11 +188,6 @@ def split_combined_collectives(module) -> None:
         module.computations.extend(ordered)
         for body in (b for bodies in added.values() for b in bodies):
             module.schedule.sequences[body.id].instruction_ids.extend(i.id for i in body.instructions)
-
-
-def _combined_in_place(instruction) -> bool:
-    """A synchronous collective of several operands (the GPU compiler leaves some inside loops)."""
-    return instruction.opcode in _SPLITTABLE and len(instruction.operand_ids) > 1
 
 
 def _combined(instruction, computations) -> bool:
@@ -239,23 +244,6 @@ def _split_body(wrapped, first_id: int, combined: str) -> list:
     return bodies
 
 
-def _in_place_pieces(collective, first_id: int) -> list:
-    """One collective per operand, marked as piece k of the combined one, then a tuple of their
-    results under the combined collective's id, so the instructions that read it read the same."""
-    pieces = []
-    for k, operand in enumerate(collective.operand_ids):
-        piece = _copy(collective, first_id + k, f"{collective.name}.piece{k}")
-        piece.operand_ids.append(operand)
-        piece.control_predecessor_ids.extend(o for o in collective.operand_ids if o != operand)
-        piece.shape.CopyFrom(collective.shape.tuple_shapes[k])
-        piece.frontend_attributes.map[COMBINED] = f"{collective.name}:{k}"
-        pieces.append(piece)
-    joined = type(collective)(id=collective.id, name=collective.name, opcode="tuple")
-    joined.shape.CopyFrom(collective.shape)
-    joined.operand_ids.extend(p.id for p in pieces)
-    return [*pieces, joined]
-
-
 def _start_pieces(start, first_id: int, bodies: list | None) -> list:
     """One single-operand start per operand, each shaped `(operand, result)`; an async start calls
     the body of its piece, an all-gather start carries the mark itself."""
@@ -296,6 +284,24 @@ def _done_pieces(done, starts: list) -> list:
     joined.opcode = "tuple"
     joined.ClearField("backend_config")
     del joined.called_computation_ids[:]
+    joined.operand_ids.extend(p.id for p in pieces)
+    return [*pieces, joined]
+
+
+def _collective_pieces(collective, first_id: int) -> list:
+    """A synchronous collective of several operands as one per operand, each marked as piece k of
+    it, then a tuple of their results under its id, which its users read as before."""
+    pieces = []
+    for k, operand in enumerate(collective.operand_ids):
+        piece = _copy(collective, first_id + k, f"{collective.name}.piece{k}")
+        piece.operand_ids.append(operand)
+        # every piece after every operand, as the combined collective was: the pieces stay together
+        piece.control_predecessor_ids.extend(o for o in collective.operand_ids if o != operand)
+        piece.shape.CopyFrom(collective.shape.tuple_shapes[k])
+        piece.frontend_attributes.map[COMBINED] = f"{collective.name}:{k}"
+        pieces.append(piece)
+    joined = type(collective)(name=collective.name, opcode="tuple", id=collective.id)
+    joined.shape.CopyFrom(collective.shape)
     joined.operand_ids.extend(p.id for p in pieces)
     return [*pieces, joined]
 

@@ -14,7 +14,7 @@ from flint.emit.chakra import ChakraEmitter
 from flint.emit.classes import RankClasses, rank_classes
 from flint.emit.first_nodes import first_nodes_take_time
 from flint.emit.groups import GroupTable
-from flint.emit.parallel import write_ranks
+from flint.emit.parallel import trace_bytes, write_ranks
 from flint.emit.summary import RankTotals, rank_totals
 from flint.emit.verify import check_emitted
 from flint.emit.writer import OutputDir, check_name, disk_errors, prepare_output
@@ -32,5 +32,6 @@ __all__ = [
     "prepare_output",
     "rank_classes",
     "rank_totals",
+    "trace_bytes",
     "write_ranks",
 ]

@@ -6,7 +6,8 @@ writes of one process; forked processes would also overlap rendering, but measur
 faster (the disk, or the kernel's copying, is the bottleneck) and forking a process that runs JAX's
 threads risks deadlocks. Which thread writes a file does not change its bytes.
 
-Ranks are written class by class, so only one template is held at a time, whatever the rank count.
+Ranks are written class by class; the templates `trace_bytes` built to measure the files are kept up to
+`KEPT_TEMPLATE_BYTES` in all, and any others are built again one at a time, whatever the rank count.
 """
 
 from __future__ import annotations
@@ -34,23 +35,47 @@ def _write_chunk(template: RankTemplate, directory: Path, prefix: str, ranks: Se
     return written
 
 
+KEPT_TEMPLATE_BYTES = 2**30
+"""Templates measured before writing are kept for writing up to this many bytes in all (a class's
+template is about one rank's file); beyond it they are built again, one at a time."""
+
+
+def trace_bytes(emitter: ChakraEmitter, kept: dict[int, RankTemplate] | None = None) -> int:
+    """The bytes every rank's file will take, rendered class by class without being written: said
+    before writing and checked against the free disk space, since a pipelined trace of a thousand
+    ranks runs to tens of gigabytes. Templates go into `kept` (for `write_ranks`) while they fit in
+    `KEPT_TEMPLATE_BYTES`."""
+    total = held = 0
+    for cls in range(len(emitter.classes.roles)):
+        template = emitter.template(cls)
+        sizes = [sum(map(len, template.render(rank))) for rank in emitter.classes.ranks(cls).tolist()]
+        total += sum(sizes)
+        if kept is not None and held + sizes[0] <= KEPT_TEMPLATE_BYTES:
+            kept[cls] = template
+            held += sizes[0]
+    return total
+
+
 def write_ranks(
     emitter: ChakraEmitter,
     directory: Path,
     prefix: str,
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
+    kept: dict[int, RankTemplate] | None = None,
 ) -> int:
     """Write `<prefix>.<rank>.et` for every rank into `directory`; the bytes written.
 
-    `progress(done)` is called with the number of files written so far.
+    `progress(done)` is called with the number of files written so far; `kept` holds templates
+    already built (`trace_bytes`), which are used and let go.
     """
+    kept = kept if kept is not None else {}
     workers = workers or len(os.sched_getaffinity(0))
     classes = emitter.classes
     done = written = 0
     with ThreadPoolExecutor(workers, thread_name_prefix="flint-emit") as pool:
         for cls in range(len(classes.roles)):
-            template = emitter.template(cls)
+            template = kept.pop(cls, None) or emitter.template(cls)
             ranks = classes.ranks(cls).tolist()
             chunks = [ranks[start : start + CHUNK] for start in range(0, len(ranks), CHUNK)]
             futures = [

@@ -16,6 +16,9 @@ Flax's rule table, `(name, axes)` pairs). Inputs may be Flax's boxed parameters 
 linen `init`'s variables, an nnx state): `flint.layout.flax_names` reads their names. An optional
 module-level `donate_argnums = (0, 1)` names the step arguments the program donates, as it would
 pass them to `jax.jit` (`()`: none); without it, each argument an output replaces is donated.
+Likewise an optional `batch_argnums = (2, 3)` names the step arguments that hold the batch (each
+of their arrays has the batch's rows first), which the presets split over the data axes and
+`--pipeline-stages` cuts into microbatches; without it Flint finds them (`flint.layout.batch`).
 
 A model file that defines `model()` (an `nn.Module`) instead of `workload` is a PyTorch model; see
 `flint.frontend.torch_model` for that convention. It ends up as the same `Workload`.
@@ -42,6 +45,7 @@ from flint.sharding import LogicalArray, axes_of
 ENTRY_POINT = "workload"
 RULES_ENTRY_POINT = "logical_rules"
 DONATE = "donate_argnums"
+BATCH = "batch_argnums"
 
 
 def _where(exc: BaseException, path: Path) -> str:
@@ -115,23 +119,24 @@ def _logical_rules(module, path: Path, mesh):
     return found
 
 
-def _donate_argnums(module, path: Path, count: int) -> tuple[int, ...] | None:
-    """The model's own `donate_argnums` (positions of the step's arguments), or None without one."""
-    if not hasattr(module, DONATE):
+def _argnums(module, name: str, meaning: str, path: Path, count: int) -> tuple[int, ...] | None:
+    """The model's own `name` (positions of the step's arguments, as `jax.jit`'s
+    `donate_argnums`), or None without one."""
+    if not hasattr(module, name):
         return None
-    value = getattr(module, DONATE)
+    value = getattr(module, name)
     positions = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(positions, (tuple, list)) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in positions
     ):
         raise FlintError(
-            f"{path.name}: {DONATE} = {value!r}: give the positions of the donated step arguments, "
-            "e.g. donate_argnums = (0, 1), or () for none"
+            f"{path.name}: {name} = {value!r}: give the positions of the {meaning} step "
+            f"arguments, e.g. {name} = (0, 1), or () for none"
         )
     outside = [i for i in positions if not -count <= i < count]
     if outside:
         raise FlintError(
-            f"{path.name}: {DONATE} names argument {outside[0]} but the step takes {count} "
+            f"{path.name}: {name} names argument {outside[0]} but the step takes {count} "
             f"(positions 0 to {count - 1})"
         )
     return tuple(sorted({i % count for i in positions}))
@@ -200,5 +205,6 @@ def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None)
     _check_inputs(args, path)
     return Workload(
         name=path.stem, path=path, step=step, args=args, rules=_logical_rules(module, path, mesh),
-        donate=_donate_argnums(module, path, len(args)),
+        donate=_argnums(module, DONATE, "donated", path, len(args)),
+        batch=_argnums(module, BATCH, "batch", path, len(args)),
     )

@@ -23,6 +23,9 @@ class Workload:
     donate: tuple[int, ...] | None = None
     """The step arguments the model says it donates (its `donate_argnums`); None: those an output
     replaces (`flint.compile.donation`)."""
+    batch: tuple[int, ...] | None = None
+    """The step arguments the model says hold the batch (its `batch_argnums`); None: Flint finds
+    them (`flint.layout.batch`)."""
     expert_parallel: Mapping[str, int] | None = None
     """Input path -> the dimension the model's expert-parallel plan splits by expert (a
     `transformers` config's `base_model_ep_plan`), which `--strategy ep` follows."""

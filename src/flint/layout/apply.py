@@ -152,7 +152,7 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
     from jax.sharding import NamedSharding
 
     rules: dict[str, tuple[str, ...]] = dict(workload.rules or {})
-    inputs, treedef = read_inputs(workload, mesh.axis_names)
+    inputs, treedef, batch = read_inputs(workload, mesh.axis_names)
     warnings = []
     meant: set[str] = set()
     if request.strategy:
@@ -189,5 +189,6 @@ def apply_layout(workload: Workload, mesh, request: LayoutRequest) -> tuple[Work
         ),
         rules=rules,
         warnings=tuple(warnings),
+        batch_doubt=batch.doubt,
     )
     return replace(laid_out, rules=rules or workload.rules), layout

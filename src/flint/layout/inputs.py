@@ -11,6 +11,7 @@ import numpy as np
 
 from flint.frontend import Workload, input_path
 import flint.layout.flax_names as flax_names
+from flint.layout.batch import Argument, BatchArguments, find_batch
 from flint.layout.request import Spec
 from flint.sharding import LogicalArray, LogicalRules, axes_of, resolve
 
@@ -34,6 +35,9 @@ class Layout:
     inputs: tuple[InputLayout, ...]
     rules: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    batch_doubt: str | None = None
+    """Why Flint cannot tell which step arguments hold the batch (`flint.layout.batch`); None
+    where it can. Pipelining, which cuts every batch input, stops with it."""
 
 
 @dataclass
@@ -110,14 +114,15 @@ def is_input_leaf(x) -> bool:
     return isinstance(x, LogicalArray) or flax_names.is_box(x)
 
 
-def read_inputs(workload: Workload, mesh_axes) -> tuple[list[Input], Any]:
+def read_inputs(workload: Workload, mesh_axes) -> tuple[list[Input], Any, BatchArguments]:
     """Every input leaf with its path and the sharding the model gives it (logical names unsplit
-    until the rules are known). A Flax box is one input, named by its own path."""
+    until the rules are known), and the step arguments that hold the batch. A Flax box is one
+    input, named by its own path."""
     import jax
 
     names = argument_names(workload.step, len(workload.args))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(workload.args, is_leaf=is_input_leaf)
-    inputs = []
+    inputs, argument_of = [], []
     for keypath, leaf in leaves:
         array = flax_names.array_of(leaf) if flax_names.is_box(leaf) else leaf
         inputs.append(
@@ -127,8 +132,19 @@ def read_inputs(workload: Workload, mesh_axes) -> tuple[list[Input], Any]:
                 np.dtype(array.dtype),
                 model_spec(leaf, {}, mesh_axes),
                 "model",
-                keypath[0].idx == len(workload.args) - 1,
+                False,
                 leaf,
             )
         )
-    return inputs, treedef
+        argument_of.append(keypath[0].idx)
+    arguments = [
+        Argument(
+            name,
+            [(i.shape, i.dtype, i.spec[0] if i.spec else ()) for i, k in zip(inputs, argument_of) if k == a],
+        )
+        for a, name in enumerate(names)
+    ]
+    batch = find_batch(arguments, workload.batch)
+    for item, k in zip(inputs, argument_of):
+        item.in_batch = k in batch.positions
+    return inputs, treedef, batch

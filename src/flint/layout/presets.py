@@ -2,7 +2,8 @@
 
 Presets apply by shape and position, so they need no annotations at all:
 
-- the step's last positional argument is the batch; the others hold parameters and optimizer state;
+- the batch is the step's last positional argument and those before it laid out like it, or what the
+  model declares (`flint.layout.batch`); the others hold parameters and optimizer state;
 - mesh roles: the tensor axis is the one named `tensor`, `tp` or `model`, else the last axis; every
   other axis is a data axis (on a one-axis mesh that axis serves either role);
 - `dp`: the batch is split along its first dimension over every mesh axis; parameters replicated;
@@ -22,6 +23,13 @@ Presets apply by shape and position, so they need no annotations at all:
   model's declared expert split (`Workload.expert_parallel`, a `transformers` `ep_plan`) decides
   for the weights it names instead of the stacking rule. Where neither splits any weight (PyTorch's
   dotted names form no group under one path), a warning says so;
+- `dp+cp`, `fsdp+cp`, `dp+cp+tp`, `fsdp+cp+tp`, `dp+cp+tp+sp`: context parallelism beside them: the
+  mesh axis named `context` (or `cp`) splits each batch input's second dimension (the sequence)
+  and is no data axis; the logical names `context` (the sequence of the sublayers' activations and
+  queries) and `seq` (the residual stream) map to it, `seq` also to the tensor axis with `sp`. A
+  model that names its keys' and values' sequence whole (`examples/llama.py`) gathers them over
+  the axis in each attention, as Llama 3's all-gather context parallelism does; every other
+  preset keeps `context` whole. FSDP then shards the weights over the data and context axes;
 - FSDP splits over the axis named `fsdp` when there is one (`--mesh dp=2,fsdp=4,tp=2`), else over
   all the data axes.
 
@@ -61,11 +69,14 @@ from dataclasses import dataclass, field
 from flint.errors import FlintError
 from flint.layout.inputs import Input, Layout, listing, model_spec
 from flint.layout.request import Spec
-from flint.mesh import EXPERT_AXIS_NAMES, axis_named, tensor_axis, ways
+from flint.mesh import CONTEXT_AXIS_NAMES, EXPERT_AXIS_NAMES, axis_named, tensor_axis, ways
 
-STRATEGIES = ("dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp", "ep")
+STRATEGIES = (
+    "dp", "fsdp", "tp", "dp+tp", "fsdp+tp", "tp+sp", "dp+tp+sp", "ep",
+    "dp+cp", "fsdp+cp", "dp+cp+tp", "fsdp+cp+tp", "dp+cp+tp+sp",
+)
 TP_LOGICAL_NAMES = ("vocab", "heads", "mlp")
-SEQUENCE_LOGICAL_NAME = "seq"
+SEQUENCE_LOGICAL_NAME, CONTEXT_LOGICAL_NAME = "seq", "context"
 EXPERT_LOGICAL_NAME, GROUPS_LOGICAL_NAME = "expert", "groups"
 
 
@@ -76,6 +87,7 @@ class _Roles:
     tensor: tuple[str, ...]
     sequence: tuple[str, ...]
     expert: tuple[str, ...] = ()
+    context: tuple[str, ...] = ()
 
 
 def _roles(strategy: str, mesh) -> _Roles:
@@ -88,16 +100,27 @@ def _roles(strategy: str, mesh) -> _Roles:
         # tokens over the other axes first: an expert group then holds consecutive token groups,
         # so dispatching to the experts is one all_to_all per group
         return _Roles(batch=rest + (expert,), fsdp=(), tensor=(), sequence=(), expert=(expert,))
+    context = ()
+    if "cp" in parts:
+        found = [n for n in names if n in CONTEXT_AXIS_NAMES]
+        if not found:
+            raise FlintError(
+                f"--strategy {strategy} splits the sequence over a mesh axis named context or cp, "
+                f"and the mesh has {', '.join(names)}: e.g. --mesh data=2,context=2,tensor=2"
+            )
+        context = (found[0],)
     if "tp" not in parts:
-        data = names
+        data = tuple(n for n in names if n not in context)
     else:
-        data = tuple(n for n in names if n != tensor) if parts & {"dp", "fsdp"} else ()
-    fsdp = (tuple(n for n in data if n == "fsdp") or data) if "fsdp" in parts else ()
+        data = tuple(n for n in names if n != tensor and n not in context) if parts & {"dp", "fsdp"} else ()
+    # The weights are whole on every context rank, as on every data rank: ZeRO shards them over both
+    fsdp = (tuple(n for n in data if n == "fsdp") or data + context) if "fsdp" in parts else ()
     return _Roles(
         batch=data,
         fsdp=fsdp,
         tensor=(tensor,) if "tp" in parts else (),
-        sequence=(tensor,) if "sp" in parts else (),
+        sequence=context + ((tensor,) if "sp" in parts else ()),
+        context=context,
     )
 
 
@@ -185,6 +208,8 @@ class _Plan:
     """Weights whose first and last dimensions are both D, placed by shape for want of a plan."""
     whole_batch: list[str] = field(default_factory=list)
     """Batch inputs whose rows do not divide over the batch axes, so every rank holds them all."""
+    whole_sequence: list[str] = field(default_factory=list)
+    """Batch inputs whose second dimension does not divide over the context axis."""
 
 
 def _tensor_split(item: Input, dims: list[int], plan: _Plan) -> int | None:
@@ -212,6 +237,10 @@ def _preset_spec(item: Input, plan: _Plan) -> Spec:
             spec[0] = roles.batch
         elif rank and roles.batch:
             plan.whole_batch.append(f"{item.path} ({item.shape[0]} rows)")
+        if rank >= 2 and roles.context and item.shape[1] % ways(mesh, roles.context) == 0:
+            spec[1] = roles.context
+        elif rank >= 2 and roles.context:
+            plan.whole_sequence.append(f"{item.path} ({item.shape[1]} positions)")
         return tuple(spec)
     first = 1 if item.path in plan.stacked else 0
     if roles.expert and item.path in plan.experts:
@@ -237,6 +266,7 @@ def _preset_rules(roles: _Roles) -> dict[str, tuple[str, ...]]:
     rules = {"batch": roles.batch} if roles.batch else {}
     rules.update({name: roles.tensor for name in TP_LOGICAL_NAMES if roles.tensor})
     rules[SEQUENCE_LOGICAL_NAME] = roles.sequence
+    rules[CONTEXT_LOGICAL_NAME] = roles.context
     if roles.expert:
         rules[EXPERT_LOGICAL_NAME] = roles.expert
         rules[GROUPS_LOGICAL_NAME] = tuple(a for a in roles.batch if a not in roles.expert)
@@ -251,6 +281,15 @@ def strategies_using(axis: str, mesh) -> list[str]:
         for strategy in ("dp", "fsdp", "dp+tp")
         if axis in set().union(*(vars(_roles(strategy, mesh)).values()))
     ]
+
+
+def _not_dividing(strategy: str, inputs: list[str], axes, mesh, whole: str, advice: str) -> str:
+    """The warning for batch inputs that do not divide over `axes`, which so hold them whole."""
+    pieces = ways(mesh, axes)
+    return (
+        f"--strategy {strategy}: {listing(inputs)} do not divide over {'+'.join(axes)} ({pieces} "
+        f"ways): every rank holds the whole {whole}; use a {advice.format(pieces)}"
+    )
 
 
 def apply_preset(
@@ -294,10 +333,15 @@ def apply_preset(
             "every weight: declare the split (an ep_plan, or --shard PATTERN=SPEC)"
         )
     if plan.whole_batch:
-        batch_ways = ways(mesh, roles.batch)
-        warnings.append(
-            f"--strategy {strategy}: {listing(plan.whole_batch)} do not divide over "
-            f"{'+'.join(roles.batch)} ({batch_ways} ways): every rank holds the whole batch; use a "
-            f"batch divisible by {batch_ways}, or a mesh whose batch axes divide it"
-        )
-    return rules, warnings, set(roles.batch) if plan.whole_batch else set()
+        warnings.append(_not_dividing(
+            strategy, plan.whole_batch, roles.batch, mesh, "batch",
+            "batch divisible by {}, or a mesh whose batch axes divide it",
+        ))
+    if plan.whole_sequence:
+        warnings.append(_not_dividing(
+            strategy, plan.whole_sequence, roles.context, mesh, "sequence", "sequence divisible by {}"
+        ))
+    meant = (set(roles.batch) if plan.whole_batch else set()) | (
+        set(roles.context) if plan.whole_sequence else set()
+    )
+    return rules, warnings, meant

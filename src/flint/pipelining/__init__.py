@@ -9,8 +9,8 @@ them. Imports: `flint.graph`, `flint.ir`, `flint.layout`, the frontend and the f
 [--virtual-stages V]` on a mesh with a stage axis (named `pp` or `stage`, of size S). Flint never
 re-derives what the compiler knows; it compiles one piece and arranges copies of it:
 
-1. One microbatch of one chunk is compiled for the mesh without the stage axis: the batch (the
-   step's last argument) keeps 1/M of its rows, and the stacked layer parameters (with their
+1. One microbatch of one chunk is compiled for the mesh without the stage axis: every batch input
+   (`flint.layout.batch`) keeps 1/M of its rows, and the stacked layer parameters (with their
    optimizer state: every pytree group whose arrays share one leading size) 1/(S·V) of their
    layers. Partitioning, parsing and graph building are as usual, so data and tensor parallelism
    and FSDP on the other mesh axes are the compiler's.
@@ -43,8 +43,8 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    `F3.0 <name>`, `B3.0 <name>`, `U.0 <name>` for the update.
 
 On the compiler's optimised module (a GPU backend's default stage) the piece is its kernels: a
-scan's stacked outputs are updated in place inside fusions (seen through them, so they are not taken
-for the activation), the regions follow data edges alone (the compiler's schedule chains every
+scan's stacked outputs are updated in place inside fusions, some of them run asynchronously (seen
+through both, so they are not taken for the activation), the regions follow data edges alone (the compiler's schedule chains every
 kernel to the one before), and that schedule is kept inside each copy only: between units the
 pipeline's schedule orders them. The compiler inlines a loop of one trip, so there a chunk needs two
 or more layers.

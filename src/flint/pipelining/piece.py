@@ -33,6 +33,8 @@ def one_microbatch(
     layers, optimizer state included), shardings as laid out; and the layers of a chunk."""
     import jax
 
+    if layout.batch_doubt:
+        raise FlintError(f"--pipeline-stages cuts every batch input into microbatches, but {layout.batch_doubt}")
     chunks = request.stages * request.virtual_stages
     stacked = stacked_paths(layout)
     if not stacked:
@@ -53,6 +55,14 @@ def one_microbatch(
         else:
             resized.append(leaf)
             continue
+        if shape[0] % parts and item.path in stacked:
+            near = " or ".join(str(n) for n in (shape[0] // parts * parts, -(-shape[0] // parts) * parts) if n)
+            raise FlintError(
+                f"{what} does not divide into {pieces}: every chunk is one compiled piece, so "
+                f"Flint cannot place them unevenly as Megatron-LM does (Llama 3 405B's 126 layers on "
+                f"16 stages: 7 on the first and the last, 8 on the others); model {near} layers, or "
+                f"choose stages that divide them"
+            )
         if shape[0] % parts:
             raise FlintError(f"{what} does not divide into {pieces}")
         shape[0] //= parts

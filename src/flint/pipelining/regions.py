@@ -76,26 +76,24 @@ def _alias(value: int, defined: Mapping[int, Op], outer: Mapping[int, int]) -> i
 
 def _slice_written_into(value: int, defined: Mapping[int, Op], outer: Mapping[int, int]) -> int | None:
     """The value of the loop body that `value` is with one slice overwritten (a
-    `dynamic_update_slice`, seen through bitcasts, conversions and into fusions and asynchronous
-    ops), else None."""
+    `dynamic_update_slice`, seen through bitcasts, conversions, into fusions and through the
+    asynchronous computations that wrap them), else None."""
     value = _alias(value, defined, {})
     op = defined.get(value)
     if op is None:
         return None
     if op.opcode == "dynamic_update_slice":
         return _alias(op.operands[0], defined, outer)
-    if op.opcode == "async_done":  # the GPU compiler of JAX 0.12 runs some updates asynchronously
-        start = defined.get(op.operands[0])
-        if start is None or start.opcode != "async_start":
+    wrapper = op
+    if op.opcode == "async_done":  # the GPU compiler runs some in-place updates asynchronously
+        wrapper = defined.get(op.operands[0])
+        if wrapper is None or wrapper.opcode != "async_start":
             return None
-        op, value = start, start.regions[0].results[op.results.index(value)]
-    elif op.opcode == FUSION:
-        value = op.regions[0].results[op.results.index(value)]
-    else:
-        return None
-    (inner,) = op.regions
-    parameters = {p: _alias(v, defined, outer) for p, v in zip(inner.arguments, op.operands)}
-    return _slice_written_into(value, _defined(inner), parameters)
+    if wrapper.opcode in (FUSION, "async_start"):
+        (inner,) = wrapper.regions
+        parameters = {p: _alias(v, defined, outer) for p, v in zip(inner.arguments, wrapper.operands)}
+        return _slice_written_into(inner.results[op.results.index(value)], _defined(inner), parameters)
+    return None
 
 
 def _reach(graph: nx.DiGraph, start, forward: bool) -> set[int]:
