@@ -147,10 +147,10 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     device.write_text(json.dumps({"name": "test", "peak_tflops": 1.0, "mem_bw_gbps": 1.0}))
     out, png = tmp_path / "step.json", tmp_path / "step.png"
     run = flint("timeline", directory, "-o", out, "--plot", png, "--device", device,
-                "--link-gbps", "1", "--link-latency-us", "2", "--json")
+                "--link-gbps", "1", "--link-latency-us", "2", "--collectives", "astra-sim", "--json")
     assert run.returncode == 0, run.stderr
-    # --link-gbps/--link-latency-us: one fully connected link, timed as flint simulate times it
-    collectives = reader_collectives(None, None, 2, 1.0, 2.0)
+    # --link-gbps/--link-latency-us: one fully connected link, timed as ASTRA-sim times it
+    collectives = reader_collectives(None, None, 2, 1.0, 2.0, model="astra-sim")
     expected = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(DEVICE, "roofline"), LINK, groups,
                                                                           n, collectives), issue=AS_ASTRA_SIM)
     assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])

@@ -437,19 +437,27 @@ def _timing_options(command):
 
 
 def _network_options(command):
-    """--network, --link-gbps, --link-latency-us: the network communication is timed on, as
-    `flint simulate` times it (flint.trace.collectives)."""
+    """--network, --collectives, --link-gbps, --link-latency-us: the network communication is timed
+    on and how (flint.trace.nccl, flint.trace.collectives), as flint simulate's estimator times it."""
+    from flint.trace.network_files import BUILTIN_NETWORKS
+
     for option in (
         click.option("--link-latency-us", type=click.FloatRange(min=0),
                      help="Instead of --network: every rank one hop from every other, this latency per hop "
-                          "in µs [default with --link-gbps: the flat preset's]."),
+                          "in µs (ASTRA-sim's; with --collectives astra-sim) [default with --link-gbps: the "
+                          "flat network's]."),
         click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
                      help="Instead of --network: every rank one hop from every other at this bandwidth "
                           "(GB/s, as ASTRA-sim reads its network files) [default with --link-latency-us: "
-                          "the flat preset's]."),
+                          "the flat network's]."),
+        click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl",
+                     show_default=True,
+                     help="How collectives are timed: as NCCL runs them (its algorithms, protocols and "
+                          "tuner, on the network file's bandwidths), or as ASTRA-sim's analytical backend "
+                          "times them (a ring per network dimension)."),
         click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
-                     help="Network: hgx (8-GPU NVLink nodes, 50 GB/s scale-out), nvl72 (72-GPU NVLink "
-                          "domains), flat (one switch), or an ASTRA-sim network .yml; as flint simulate."),
+                     help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/trace/networks/), a network "
+                          "file (.toml), or an ASTRA-sim network (.yml)."),
     ):
         command = option(command)
     return command
@@ -487,12 +495,15 @@ def _timer(compute, link_gbps: float, link_latency_us: float, groups, num_ranks:
 @click.option("--prefix", help="Trace name prefix, when a directory holds several traces.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-rank summaries as JSON.")
 @_groups_option
-@_timing_options
-def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, link_gbps, link_latency_us):
+@_compute_options
+@_network_options
+def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, network, collectives, link_gbps,
+            link_latency_us):
     """Summarise a trace, rank by rank.
 
     Nodes by type, FLOPs, bytes, collectives by kind and group size, send/recv peers, the heaviest
-    nodes, and the spread across ranks.
+    nodes (communication timed on the --network as NCCL runs it, --collectives), and the spread
+    across ranks.
 
     PATH is a trace directory or a single .et file; any trace following the Chakra schema works.
     Details are shown for the first rank listed (--rank picks one). FLOPs are those of the COMP
@@ -501,9 +512,13 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, li
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
 
+    from flint.trace.timing import Link, NodeTimer, reader_collectives
+
     files = _trace_files(path, prefix, rank, groups_file)
     compute = _compute(path, files, device_spec, durations)
-    timer = _timer(compute, link_gbps, link_latency_us, files.groups, files.num_ranks)
+    model = reader_collectives(network, _manifest_of(path, files), files.num_ranks, link_gbps, link_latency_us,
+                               model=collectives)
+    timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
     summaries = [summarize(_read_trace(f), timer) for f in files.paths]
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
@@ -570,14 +585,14 @@ def check(directory, prefix, num_ranks, groups_file, as_json):
 @_groups_option
 @_compute_options
 @_network_options
-def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, network, link_gbps,
-             link_latency_us):
+def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, network, collectives,
+             link_gbps, link_latency_us):
     """Schedule one step as a timeline.
 
     Writes Chrome trace-event JSON (open it in ui.perfetto.dev), before spending hours in
     ASTRA-sim. Each rank's graph is list-scheduled as ASTRA-sim issues it: one compute node and one
     collective or SEND at a time, lowest id first; compute takes the trace's durations,
-    communication is timed on the --network as ASTRA-sim times it, a collective starts when its
+    communication is timed on the --network as NCCL runs it (--collectives), a collective starts when its
     whole group issues it and a RECV no earlier than its SEND. The step is the one flint simulate
     --engine flint gives. Above 64 ranks, one rank per class of the manifest stands for its class.
     Refuses a trace that breaks the contract (see `flint check`).
@@ -589,14 +604,15 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     _trace_set(directory, prefix)
     files = _trace_files(directory, prefix, None, groups_file)
     compute = _compute(directory, files, device_spec, durations)
-    collectives = reader_collectives(network, _manifest_of(directory, files), files.num_ranks, link_gbps,
-                                     link_latency_us)
+    model = reader_collectives(network, _manifest_of(directory, files), files.num_ranks, link_gbps,
+                               link_latency_us, model=collectives)
     scheduled = load_timeline(
         directory, prefix,
-        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, collectives),
+        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model),
         groups_file, issue=AS_ASTRA_SIM,
     )
-    metadata = {"trace": str(directory), "compute": compute.label, "network": collectives.network.as_json()}
+    metadata = {"trace": str(directory), "compute": compute.label, "network": model.network.as_json(),
+                "collectives": collectives}
     try:
         output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
     except OSError as exc:
@@ -620,8 +636,11 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
-              help="Network: hgx (8-GPU NVLink nodes, 50 GB/s scale-out), nvl72 (72-GPU NVLink domains), "
-                   "flat (one switch), or an ASTRA-sim network .yml.")
+              help="Network: a built-in one (hgx, hgx-h200, hgx-a100, hgx-b200, nvl72, flat), a network file "
+                   "(.toml), or an ASTRA-sim network (.yml).")
+@click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl", show_default=True,
+              help="How the estimator times collectives: as NCCL runs them, or as ASTRA-sim's analytical "
+                   "backend times them (which it agrees with).")
 @click.option("--roofline", is_flag=True,
               help="Let ASTRA-sim time compute from FLOPs and bytes (its roofline mode) instead of "
                    "replaying each node's duration.")
@@ -639,17 +658,19 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
               help="With ASTRA-sim, also give the estimator's step (flint timeline's) on the same network.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop ASTRA-sim after this long.")
-@click.option("--engine", type=click.Choice(["auto", "astra-sim", "flint"]), default="auto", show_default=True,
-              help="What gives the step: ASTRA-sim, Flint's estimator (flint timeline's schedule, "
-                   "communication timed as ASTRA-sim times it), or auto: ASTRA-sim where it is found and "
-                   "the trace has at most 2,048 ranks, else the estimator.")
+@click.option("--engine", type=click.Choice(["flint", "astra-sim", "auto"]),
+              help="What gives the step [default: flint; astra-sim with --astra-sim]: Flint's estimator (flint timeline's schedule, collectives as "
+                   "--collectives says; the more faithful to real clusters), ASTRA-sim (handed the closest "
+                   "network it models, with the estimator's step beside), or auto: ASTRA-sim where it is "
+                   "found and the trace has at most 2,048 ranks, else the estimator.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_groups_option
-def simulate(directory, network, roofline, device_spec, system, simulator, output, prefix, estimate, timeout,
-             engine, as_json, groups_file):
+def simulate(directory, network, collectives, roofline, device_spec, system, simulator, output, prefix, estimate,
+             timeout, engine, as_json, groups_file):
     """Simulate one step on a machine.
 
-    By ASTRA-sim, or by Flint's estimator (--engine).
+    By Flint's estimator (the default: collectives as NCCL runs them, which matches real clusters
+    more closely than ASTRA-sim's rings), or by ASTRA-sim (--engine).
     Writes ASTRA-sim's system, network and memory files for the trace in DIRECTORY: one network
     dimension per tier of the --network (the mesh's innermost axes on the fastest), the device from
     the trace's manifest. Runs the --engine and reports the step (the slowest rank), where each
@@ -667,7 +688,8 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
     _trace_set(directory, prefix)
     request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
-                              timeout=timeout, groups=groups_file, engine=engine)
+                              timeout=timeout, groups=groups_file,
+                              engine=engine or ("astra-sim" if simulator else "flint"), collectives=collectives)
     with _progress(as_json) as bars:
         task = bars.add_task("simulating ranks", total=None)
         result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))
@@ -689,8 +711,9 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
 @click.option("--retry-failed", is_flag=True, help="Run again the points that failed last time.")
 @click.option("--keep-traces", is_flag=True, help="Keep each point's trace and simulator files.")
 @click.option("--astra-sim", "simulator", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
-              help="ASTRA-sim to simulate each point with [default: $ASTRA_SIM, else astra-sim on PATH; "
-                   "without one, or above 2,048 ranks, points are ranked by Flint's estimator].")
+              help="ASTRA-sim to simulate each point with (up to 2,048 ranks) [default: none: points are "
+                   "ranked by Flint's estimator, collectives as NCCL runs them; with --finalists, $ASTRA_SIM "
+                   "or astra-sim on PATH].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="Points in the ranking.")
 @click.option("--finalists", type=click.IntRange(min=1), metavar="K",

@@ -63,7 +63,6 @@ from flint.trace.reader import (
     read_trace_set,
     transfer_peers,
 )
-from flint.trace.collectives import TIMED
 from flint.trace.timing import COMPUTE_TYPES, NodeTimer, group_id
 
 READY_FIRST, AS_ASTRA_SIM = "ready-first", "as-astra-sim"
@@ -638,9 +637,9 @@ class _ClassSimulation(_Simulation):
         if model is None or group is None or group == ALL_RANKS or group not in self.pattern:
             return self.timer.micros(node)
         comm_type, size = attr_value(node, "comm_type"), attr_value(node, "comm_size")
-        if not (isinstance(comm_type, int) and isinstance(size, int)) or comm_type not in TIMED:
+        if not (isinstance(comm_type, int) and isinstance(size, int)) or not model.times(comm_type):
             return self.timer.micros(node)
         offsets = self.pattern[group]
         if offsets not in self.shapes:
-            self.shapes[offsets] = list({model.ring_shape(self.timer.groups[g]) for g in self.siblings[offsets]})
+            self.shapes[offsets] = list({model.group_shape(self.timer.groups[g]) for g in self.siblings[offsets]})
         return max(model.shaped_micros(comm_type, size, shape) for shape in self.shapes[offsets])

@@ -30,12 +30,13 @@ def simulation_view(simulation: Simulation) -> Group:
             lines.append(Text(f"note: {note}", style="yellow"))
         return Group(*lines)
     slowest = simulation.slowest
+    model = "as NCCL runs them" if simulation.collectives == "nccl" else "as ASTRA-sim times them"
     beside = ""
     if simulation.engine != "flint" and estimate is not None:
-        beside = f"   (Flint's estimator: {estimate:,.1f} µs)"
+        beside = f"   (Flint's estimator, collectives {model}: {estimate:,.1f} µs)"
     took = "" if simulation.seconds is None else (
         f" in {simulation.seconds:,.1f} s" if simulation.seconds >= 0.05 else " in under 0.1 s")
-    engine = "Flint's estimator (no ASTRA-sim)" if simulation.engine == "flint" else "ASTRA-sim"
+    engine = f"Flint's estimator (collectives {model})" if simulation.engine == "flint" else "ASTRA-sim"
     lines.append(Text(f"engine: {engine}{took}"))
     lines.append(Text(f"step {slowest.wall / 1e3:,.1f} µs (slowest rank {slowest.rank}){beside}"))
     table = Table(box=None, padding=(0, 2))

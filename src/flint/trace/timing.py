@@ -11,8 +11,10 @@ each other and with the trace.
   a reader times them again from `num_ops`, `tensor_size` and `gemm` on a device (by default the
   one the manifest records); a node without those attributes (a foreign trace) keeps its
   `duration_micros`.
-- Communication, given a network (`collectives`): as ASTRA-sim times it on that network, by
-  `flint.trace.collectives.CollectiveModel`. Every reader passes one (`--network`, hgx by default).
+- Communication, given a network (`collectives`): as NCCL runs it on that network
+  (`flint.trace.nccl.NcclModel`, the default), or as ASTRA-sim times it
+  (`flint.trace.collectives.CollectiveModel`, `--collectives astra-sim`). Every reader passes one
+  (`--network`, hgx by default).
 - Communication without a network (a bare `Link`, e.g. in unit tests): collectives over a group of
   n ranks, ring algorithm, `comm_size` S in Chakra's convention: `steps * alpha + moved / bandwidth` with
 
@@ -39,7 +41,8 @@ from flint.devices import BUILTIN, Device, load_device
 from flint.devices.kernels import kernel_micros
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.collectives import SYSTEM, TIMED, CollectiveModel
+from flint.trace.collectives import SYSTEM, CollectiveModel
+from flint.trace.nccl import NcclModel
 from flint.trace.network import PRESETS, mesh_axes, network_for, one_link
 from flint.trace.node_rules import ALL_RANKS, parse_group_id
 from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes, gemm_shape, kernel_kind
@@ -122,35 +125,46 @@ def recorded_device(manifest: Mapping | None) -> Device:
 
 DEFAULT_NETWORK = "hgx"
 """The network every reader lays over the mesh unless told otherwise (`--network`)."""
+COLLECTIVE_MODELS = ("nccl", "astra-sim")
+"""`--collectives`: as NCCL runs them (the default), or as ASTRA-sim's analytical backend times them."""
 
 
 def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks: int,
                        link_gbps: float | None = None, link_latency_us: float | None = None,
-                       system: Mapping | None = None) -> CollectiveModel:
-    """The communication model of a reader: `network` (a preset or an ASTRA-sim YAML file, hgx by
-    default) over the manifest's mesh, or, given `link_gbps` or `link_latency_us`, one fully
-    connected link of that bandwidth (GB/s) and latency (µs per hop; the other from the `flat`
-    preset); reductions at the memory bandwidth of the manifest's device (an H100's without one),
-    with Flint's ASTRA-sim system keys and `system`'s over them, as `flint simulate` writes them."""
+                       system: Mapping | None = None, model: str = "nccl") -> CollectiveModel | NcclModel:
+    """The communication model of a reader: `network` (a preset, a network file or an ASTRA-sim
+    YAML file, hgx by default) over the manifest's mesh, or, given `link_gbps` or
+    `link_latency_us`, one fully connected link of that bandwidth (GB/s) and latency (µs per hop;
+    the other from the `flat` preset). `model` nccl: as NCCL runs collectives there
+    (`flint.trace.nccl`); astra-sim: as ASTRA-sim times them, reductions at the memory bandwidth of
+    the manifest's device (an H100's without one), with Flint's ASTRA-sim system keys and
+    `system`'s over them, as `flint simulate` writes them."""
+    if model not in COLLECTIVE_MODELS:
+        raise FlintError(f"unknown --collectives {model!r}: use one of {', '.join(COLLECTIVE_MODELS)}")
+    if model == "nccl" and link_latency_us is not None:
+        raise FlintError("--link-latency-us sets ASTRA-sim's hop latency, which NCCL's model does not use: "
+                         "add --collectives astra-sim, or give --link-gbps alone")
     if link_gbps is not None or link_latency_us is not None:
         flat = PRESETS["flat"][0]
         chosen = one_link(num_ranks, flat.bandwidth_gbps if link_gbps is None else link_gbps,
                           flat.latency_ns if link_latency_us is None else link_latency_us * 1e3)
     else:
         chosen = network_for(network or DEFAULT_NETWORK, mesh_axes(dict(manifest or {}), num_ranks))
+    if model == "nccl":
+        return NcclModel(chosen)
     return CollectiveModel(chosen, recorded_device(manifest).mem_bw_gbps, {**SYSTEM, **(system or {})})
 
 
 @dataclass(frozen=True)
 class NodeTimer:
     """Times the nodes of one trace set; `groups` maps a `pg_name` id to its ranks. With
-    `collectives`, communication is timed on its network as ASTRA-sim times it; else by `link`."""
+    `collectives`, communication is timed on its network by that model; else by `link`."""
 
     compute: Compute
     link: Link
     groups: Mapping[int, Sequence[int]]
     num_ranks: int
-    collectives: CollectiveModel | None = None
+    collectives: CollectiveModel | NcclModel | None = None
 
     def group_size(self, node: pb.Node) -> int | None:
         """How many ranks take part in a collective, or None for a group the groups file lacks."""
@@ -183,7 +197,8 @@ class NodeTimer:
                 return self.collectives.transfer_micros(attrs["comm_src"], attrs["comm_dst"], size)
             return self.link.transfer_micros(1, size)
         ranks = self.group_ranks(node) if node.type == pb.COMM_COLL_NODE else None
-        if ranks and size is not None and self.collectives is not None and attrs.get("comm_type") in TIMED:
+        if (ranks and size is not None and self.collectives is not None and isinstance(attrs.get("comm_type"), int)
+                and self.collectives.times(attrs["comm_type"])):
             return self.collectives.collective_micros(attrs["comm_type"], size, ranks)
         if ranks and size is not None and attrs.get("comm_type") in _RING:
             steps, moved = _RING[attrs["comm_type"]]
