@@ -828,6 +828,33 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
         sys.exit(1)
 
 
+def _calibrate_network(paths, output: Path, network: str, ranks, nodes, name, as_json) -> None:
+    """`flint calibrate --network`: fit a network file to nccl-tests output."""
+    from flint.analysis.calibrate_network import calibrate_network
+    from flint.analysis.nccl_tests import read_nccl_tests
+    from flint.analysis.views import network_calibration_view
+    from flint.trace.network_files import BUILTIN_NETWORKS, load_network_file, network_toml
+
+    if output.suffix != ".toml":
+        raise FlintError(f"--output {str(output)!r}: a network file ends in .toml")
+    base = BUILTIN_NETWORKS.get(network) or (load_network_file(Path(network)) if network.endswith(".toml") else None)
+    if base is None:
+        raise FlintError(f"unknown --network {network!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
+    runs = [read_nccl_tests(path) for path in paths]
+    fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes)
+    source = f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} (in-place times)"
+    fitted = fit.network.with_sources(**{key: source for key in fit.fitted})
+    try:
+        output.write_text(network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network"))
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    if as_json:
+        click.echo(json.dumps(fit.as_json(), indent=2))
+        return
+    stdout.print(network_calibration_view(fit))
+    stdout.print(f"wrote {output}: use it as --network {output}")
+
+
 def _branches(count: int) -> str:
     plural = "s" if count > 1 else ""
     return (f"{count} conditional{plural} whose selector depends on data or on the rank, traced as "
@@ -836,16 +863,24 @@ def _branches(count: int) -> str:
 
 @main.command()
 @click.argument("pairs", nargs=-1, required=True, type=click.Path(path_type=Path),
-                metavar="PROFILE TRACE [PROFILE TRACE]...")
+                metavar="PROFILE TRACE [PROFILE TRACE]... | NCCL_TESTS_OUTPUT...")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
-              help="Device file to write (.toml), for --device.")
+              help="Device file (.toml, for --device) or, with --network, network file (.toml, for "
+                   "--network) to write.")
 @click.option("--rank", type=int, default=0, show_default=True, help="The traces' rank that was profiled.")
 @click.option("--device", "device_spec", metavar="DEVICE",
               help="Device whose peaks to keep [default: the one the traces' manifests record].")
-@click.option("--name", help="Name of the fitted device [default: the device's, with -calibrated].")
+@click.option("--network", metavar="NETWORK",
+              help="Fit this network (a built-in one or a .toml network file) to nccl-tests output instead "
+                   "of a device to profiles.")
+@click.option("--ranks", type=click.IntRange(min=2), help="With --network: the GPUs the nccl-tests ran on, "
+              "where their output does not list them.")
+@click.option("--nodes", type=click.IntRange(min=1), help="With --network: the nodes they ran on, where the "
+              "output does not list them [default: 1].")
+@click.option("--name", help="Name of the fitted device or network [default: its own, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(pairs, output, rank, device_spec, name, as_json):
-    """Fit a device to profiled steps.
+def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_json):
+    """Fit a device to profiled steps, or a network to nccl-tests output.
 
     Each PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
     trace-event JSON, .json or .json.gz, that jax.profiler writes); the TRACE after it is Flint's
@@ -856,7 +891,20 @@ def calibrate(pairs, output, rank, device_spec, name, as_json):
     prints the profiles beside the model before and after, per class and per step, and writes the
     device file (use it as --device). Steps of several programs give a device that carries over to
     other programs better than one program's step does.
+
+    With --network, each argument is the output of an nccl-tests program (all_reduce_perf,
+    all_gather_perf, reduce_scatter_perf, alltoall_perf, broadcast_perf, named in the file's name or
+    its header): the fit sets the bandwidth each run's largest size measures (NVLS's or the
+    ring's in a node, the NICs' across nodes) and, for NVLS, its latency; prints each size
+    measured beside NCCL's model before and after; and writes the network file (use it as
+    --network).
+
+    \b
+      flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
     """
+    if network is not None:
+        _calibrate_network(pairs, output, network, ranks, nodes, name, as_json)
+        return
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
     from flint.analysis.calibrate import calibrate as fit_device
     from flint.analysis.views import calibration_view

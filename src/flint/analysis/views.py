@@ -170,3 +170,18 @@ def calibration_view(fit) -> Table:
                      + "".join(f", {key.replace('_', ' ')} {getattr(c, key):g}"
                                for key in ("transpose_efficiency", "triton_efficiency") if key in fit.fitted))
     return table
+
+
+def network_calibration_view(fit) -> Group:
+    """Each nccl-tests run beside NCCL's model of it, before and after the fit, size by size."""
+    tables = []
+    for run in fit.runs:
+        table = _table(f"{run.run.path.name}: {run.run.collective}, {run.placement.ranks} ranks on "
+                       f"{run.placement.nodes} node{'s' if run.placement.nodes > 1 else ''}, in place",
+                       ("bytes", "measured µs", "before µs", "after µs", "ratio", "NCCL runs"))
+        for row in run.rows:
+            table.add_row(f"{row.size:,}", f"{row.measured:,.1f}", f"{row.before:,.1f}", f"{row.after.micros:,.1f}",
+                          f"{row.after.micros / row.measured:.2f}", f"{row.after.algorithm} {row.after.protocol}")
+        tables.append(table)
+    fitted = ", ".join(f"{key} {value:g}" for key, value in fit.fitted.items())
+    return Group(*tables, f"fitted: {fitted}")
