@@ -863,7 +863,7 @@ def _branches(count: int) -> str:
 
 @main.command()
 @click.argument("pairs", nargs=-1, required=True, type=click.Path(path_type=Path),
-                metavar="PROFILE TRACE [PROFILE TRACE]... | NCCL_TESTS_OUTPUT...")
+                metavar="PROFILE TRACE [...] | NCCL_TESTS...")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="Device file (.toml, for --device) or, with --network, network file (.toml, for "
                    "--network) to write.")
@@ -880,7 +880,7 @@ def _branches(count: int) -> str:
 @click.option("--name", help="Name of the fitted device or network [default: its own, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
 def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_json):
-    """Fit a device to profiled steps, or a network to nccl-tests output.
+    """Fit a device to profiled steps, or a network to nccl-tests.
 
     Each PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
     trace-event JSON, .json or .json.gz, that jax.profiler writes); the TRACE after it is Flint's
