@@ -523,7 +523,8 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return
-    stdout.print(inspect_view(str(path), summaries, compute.label))
+    how = "as NCCL runs them" if collectives == "nccl" else "as ASTRA-sim times them"
+    stdout.print(inspect_view(str(path), summaries, compute.label, f"{how} on {model.network.name}"))
 
 
 @main.command()

@@ -38,10 +38,11 @@ def _table(title: str, columns: Sequence[str], texts: Sequence[str] = (),
     return table
 
 
-def inspect_view(source: str, summaries: Sequence[TraceSummary], compute: str = "the trace's durations"
-                 ) -> RenderableType:
+def inspect_view(source: str, summaries: Sequence[TraceSummary], compute: str = "the trace's durations",
+                 collectives: str = "alpha-beta") -> RenderableType:
     """Per-rank totals, their spread across ranks, and the details of the first rank shown;
-    `source` is the directory or file they were read from, `compute` how compute was timed."""
+    `source` is the directory or file they were read from, `compute` and `collectives` how compute
+    and communication were timed."""
     parts: list[RenderableType] = [_PerRank(f"{source} ({plural(len(summaries), 'rank')})", summaries)]
     if len(summaries) > 1:
         parts.append(_spread(summaries))
@@ -60,7 +61,7 @@ def inspect_view(source: str, summaries: Sequence[TraceSummary], compute: str = 
                 table.add_row(direction, str(peer), str(count), f"{nbytes:,}")
         parts.append(table)
     if first.heaviest:
-        table = _table(f"rank {first.rank}: heaviest nodes (compute: {compute}; collectives: alpha-beta)",
+        table = _table(f"rank {first.rank}: heaviest nodes (compute: {compute}; collectives: {collectives})",
                        ("id", "name", "type", "µs", "FLOPs", "bytes"), texts=("type",), cut=("name",))
         for node in first.heaviest:
             table.add_row(str(node.id), node.name, node.type, f"{node.micros:,.1f}",
