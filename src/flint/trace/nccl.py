@@ -135,8 +135,11 @@ class NcclModel:
     def group_shape(self, ranks: Sequence[int]) -> Placement:
         """What a collective's time depends on besides its kind and size: the group's size and
         how many nodes it spans. Groups of one shape take the same time."""
-        per_node = self.node_ranks
-        return Placement(len(ranks), len({rank // per_node for rank in ranks}))
+        key = ("shape", ranks if isinstance(ranks, tuple) else tuple(ranks))
+        if key not in self._cache:
+            per_node = self.node_ranks
+            self._cache[key] = Placement(len(ranks), len({rank // per_node for rank in key[1]}))
+        return self._cache[key]
 
     # -- timing --------------------------------------------------------------------------------
 
