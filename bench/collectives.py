@@ -12,7 +12,9 @@
    for an all-reduce, x (n-1)/n for an all-gather or reduce-scatter. The NVLS figures by GPU count
    and the NIC's are numbers the hgx network file takes from these statements: their lines check
    how the model turns them into times, not its accuracy; the all-gather, reduce-scatter and Ring
-   lines come from NCCL's NVLink bandwidth per link (topo.h) and are a check.
+   lines come from NCCL's NVLink bandwidth per link (topo.h) and are a check, as is the held-out
+   A100 cluster of nccl-tests issue 119 (3 nodes of 8 A100 SXM4 with 4 HDR NICs each, the
+   `hgx-a100` network with 4 NICs a node: a peak bus bandwidth of about 96 GB/s at 128 MB).
 3. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
@@ -23,6 +25,7 @@ simulate`, `flint timeline`, `flint inspect` and `flint sweep` time collectives.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from flint.analysis.calibrate_network import modelled, placement_of
@@ -74,12 +77,12 @@ def bus_bandwidth(comm_type: int, total: int, micros: float, n: int) -> float:
 def published(network_name: str = "hgx") -> None:
     network = BUILTIN_NETWORKS[network_name]
     print(f"\nPublished bus bandwidths beside Flint's ({network_name})")
-    print(f"{'what':<58} {'NCCL GB/s':>10} {'Flint GB/s':>10} {'ratio':>6}")
+    print(f"{'what':<66} {'NCCL GB/s':>10} {'Flint GB/s':>10} {'ratio':>6}")
 
     def line(label: str, measured: float, flint: float, tolerance: float | None = None) -> None:
         verdict = "" if tolerance is None else (
             f"  (within {tolerance:.0%}: {'met' if abs(flint / measured - 1) <= tolerance else 'NOT met'})")
-        print(f"{label:<58} {measured:>10.0f} {flint:>10.1f} {flint / measured:>6.2f}{verdict}")
+        print(f"{label:<66} {measured:>10.0f} {flint:>10.1f} {flint / measured:>6.2f}{verdict}")
 
     node = Placement(8, 1)
     for kind, name in ((pb.ALL_GATHER, "all-gather"), (pb.REDUCE_SCATTER, "reduce-scatter")):
@@ -95,6 +98,11 @@ def published(network_name: str = "hgx") -> None:
         choice = modelled(network, pb.ALL_REDUCE, size, Placement(gpus, 1))
         line(f"{gpus}x H100 all-reduce 16 GB, {choice.algorithm} (NCCL #1455)", measured,
              bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, gpus))
+    a100 = BUILTIN_NETWORKS["hgx-a100"]
+    four_nics = replace(a100, name="hgx-a100, 4 NICs", scale_out=replace(a100.scale_out, nics=4))
+    choice = modelled(four_nics, pb.ALL_REDUCE, 128 * 2**20, Placement(24, 3))
+    line(f"3 nodes x 8 A100, 4 HDR NICs each, all-reduce 128 MB, {choice.algorithm} (#119)", 96,
+         bus_bandwidth(pb.ALL_REDUCE, 128 * 2**20, choice.micros, 24), 0.15)
     apart = Placement(2, 2)
     choice = modelled(network, pb.ALL_REDUCE, size, apart)
     line(f"2 nodes x 1 GPU all-reduce 16 GB, {choice.algorithm} (nccl-tests #290)", 47,
