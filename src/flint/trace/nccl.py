@@ -183,7 +183,7 @@ class NcclModel:
                     continue
                 if protocol == "LL128" and not self._ll128():
                     continue
-                bus = self._bus(algorithm, protocol, comm_type, shape)
+                bus = self._bus(algorithm, protocol, shape)
                 bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape)
                 found.append((algorithm, protocol, self._latency(algorithm, protocol, comm_type, total, shape),
                               bandwidth))
@@ -232,7 +232,7 @@ class NcclModel:
     def _column(self, shape: Placement) -> int:
         return min(shape.nodes, 3) - 1
 
-    def _bus(self, algorithm: str, protocol: str, comm_type: int, shape: Placement) -> float:
+    def _bus(self, algorithm: str, protocol: str, shape: Placement) -> float:
         arch = NCCL["architecture"][self.cluster.architecture]
         column, channels = self._column(shape), self.cluster.node.channels
         if shape.nodes == 1:
