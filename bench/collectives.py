@@ -18,7 +18,7 @@
 3. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
-Every figure is computed in this run by Flint's model of NCCL (flint.trace.nccl), as `flint
+Every figure is computed in this run by Flint's model of NCCL (flint.step.nccl), as `flint
 simulate`, `flint timeline`, `flint inspect` and `flint sweep` time collectives.
 """
 
@@ -31,9 +31,9 @@ from pathlib import Path
 from flint.analysis.calibrate_network import modelled, placement_of
 from flint.analysis.nccl_tests import read_nccl_tests
 from flint.schema import et_def_pb2 as pb
-from flint.trace.nccl import NcclModel, Placement
-from flint.trace.network import network_for
-from flint.trace.network_files import BUILTIN_NETWORKS, load_network_file
+from flint.step.nccl import NcclModel, Placement
+from flint.step.network import network_for
+from flint.step.network_files import BUILTIN_NETWORKS, load_network_file
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 10**9

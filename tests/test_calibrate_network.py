@@ -14,8 +14,8 @@ import json
 import pytest
 from conftest import flint
 
-from flint.trace.network import network_for
-from flint.trace.network_files import load_network_file
+from flint.step.network import network_for
+from flint.step.network_files import load_network_file
 
 SIZES = [2**k for k in range(26, 35)]  # 64 MiB .. 16 GiB: where NVLS runs
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))

@@ -1,4 +1,4 @@
-"""The communication model every reader shares (`flint.trace.collectives`), derived by hand.
+"""The communication model every reader shares (`flint.step.astra_sim`), derived by hand.
 
 The network is `hgx` over 16 ranks: dimension 0 an 8-rank NVLink switch (400 GB/s, 936.25 ns per
 hop, 2 hops through the switch), dimension 1 the scale-out switch joining 2 nodes (50 GB/s, 2,000 ns,
@@ -19,8 +19,8 @@ from conftest import EXAMPLES, extract, flint
 from test_trace_contract import TraceSet, make_node
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.collectives import GIB, SYSTEM, CollectiveModel
-from flint.trace.network import Dimension, Network, network_for
+from flint.step.astra_sim import GIB, SYSTEM, CollectiveModel
+from flint.step.network import Dimension, Network, network_for
 
 HGX16 = network_for("hgx", [("data", 2), ("tensor", 8)])
 MIB = 2**20

@@ -1,4 +1,4 @@
-"""Collectives as NCCL runs them (`flint.trace.nccl`), derived by hand from NCCL's cost model.
+"""Collectives as NCCL runs them (`flint.step.nccl`), derived by hand from NCCL's cost model.
 
 Constants from NVIDIA/nccl src/graph/tuning.cc (Hopper, Intel CPU): base latencies Ring
 LL/LL128/Simple 6.6 / 14.0 / 8.4 µs, Tree 6.8 / 14.0 / 8.4; NVLink hops Ring 0.6 / 1.9 / 3.4, Tree
@@ -18,8 +18,8 @@ from test_collectives import one_collective
 
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.nccl import NcclModel, Placement
-from flint.trace.network import network_for
+from flint.step.nccl import NcclModel, Placement
+from flint.step.network import network_for
 
 MIB, GIB = 2**20, 2**30
 NODE = NcclModel(network_for("hgx", [("tensor", 8)]))

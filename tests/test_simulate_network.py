@@ -12,7 +12,7 @@ import math
 import pytest
 
 from flint.errors import FlintError
-from flint.trace.network import Dimension, network_for
+from flint.step.network import Dimension, network_for
 
 NVLINK = ("Switch", 400.0, 936.25)
 SCALE_OUT = ("Switch", 50.0, 2000.0)

@@ -22,21 +22,13 @@ import pytest
 from conftest import flint
 from test_trace_contract import TraceSet, make_node, set_attr
 
-from flint.analysis.timeline import (
-    AS_ASTRA_SIM,
-    COMM,
-    COMPUTE,
-    READY_FIRST,
-    RankTime,
-    Slice,
-    Timeline,
-    load_timeline,
-    to_trace_events,
-)
+from flint.analysis.timeline import to_trace_events
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.timing import Compute, Link, NodeTimer, reader_collectives
+from flint.step.models import reader_collectives
+from flint.step.schedule import AS_ASTRA_SIM, COMM, COMPUTE, READY_FIRST, RankTime, Slice, Timeline, load_timeline
+from flint.trace.timing import Compute, Link, NodeTimer
 
 DEVICE = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)
 LINK = Link(bandwidth_gbps=1.0, latency_us=2.0)

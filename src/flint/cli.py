@@ -438,8 +438,8 @@ def _timing_options(command):
 
 def _network_options(command):
     """--network, --collectives, --link-gbps, --link-latency-us: the network communication is timed
-    on and how (flint.trace.nccl, flint.trace.collectives), as flint simulate's estimator times it."""
-    from flint.trace.network_files import BUILTIN_NETWORKS
+    on and how (flint.step.nccl, flint.step.astra_sim), as flint simulate's estimator times it."""
+    from flint.step.network_files import BUILTIN_NETWORKS
 
     for option in (
         click.option("--link-latency-us", type=click.FloatRange(min=0),
@@ -456,7 +456,7 @@ def _network_options(command):
                           "tuner, on the network file's bandwidths), or as ASTRA-sim's analytical backend "
                           "times them (a ring per network dimension)."),
         click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
-                     help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/trace/networks/), a network "
+                     help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/step/networks/), a network "
                           "file (.toml), or an ASTRA-sim network (.yml)."),
     ):
         command = option(command)
@@ -512,7 +512,8 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
 
-    from flint.trace.timing import Link, NodeTimer, reader_collectives
+    from flint.step.models import reader_collectives
+    from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, rank, groups_file)
     compute = _compute(path, files, device_spec, durations)
@@ -598,9 +599,11 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     --engine flint gives. Above 64 ranks, one rank per class of the manifest stands for its class.
     Refuses a trace that breaks the contract (see `flint check`).
     """
-    from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline, to_trace_events
+    from flint.analysis.timeline import to_trace_events
+    from flint.step.schedule import AS_ASTRA_SIM, load_timeline
     from flint.analysis.views import timeline_view
-    from flint.trace.timing import Link, NodeTimer, reader_collectives
+    from flint.step.models import reader_collectives
+    from flint.trace.timing import Link, NodeTimer
 
     _trace_set(directory, prefix)
     files = _trace_files(directory, prefix, None, groups_file)
@@ -834,7 +837,7 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, name, as
     from flint.analysis.calibrate_network import calibrate_network
     from flint.analysis.nccl_tests import read_nccl_tests
     from flint.analysis.views import network_calibration_view
-    from flint.trace.network_files import BUILTIN_NETWORKS, load_network_file, network_toml
+    from flint.step.network_files import BUILTIN_NETWORKS, load_network_file, network_toml
 
     if output.suffix != ".toml":
         raise FlintError(f"--output {str(output)!r}: a network file ends in .toml")

@@ -1,7 +1,7 @@
 """`flint calibrate --network`: fit a network file to measured collectives (nccl-tests output).
 
 Each run's largest size says which of the network's numbers it measures, by what NCCL's model runs
-there (`flint.trace.nccl`): on one node, NVLS's bus bandwidth for that many GPUs, or else the
+there (`flint.step.nccl`): on one node, NVLS's bus bandwidth for that many GPUs, or else the
 node's ring bus bandwidth; across nodes, the NICs' bandwidth. That number is set so that the
 largest size takes its measured time (runs that measure one number share it: their mean). Where
 it is NVLS's, NVLS's latency is fitted too: the one (0 to 200 µs, by 0.5) that minimises the sum
@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from flint.analysis.nccl_tests import NcclTestsRun
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.nccl import Choice, NcclModel, Placement
-from flint.trace.network import Dimension, Network
-from flint.trace.network_files import NetworkFile
+from flint.step.nccl import Choice, NcclModel, Placement
+from flint.step.network import Dimension, Network
+from flint.step.network_files import NetworkFile
 
 LATENCIES = [step / 2 for step in range(401)]
 """The NVLS latencies (µs) the fit tries."""

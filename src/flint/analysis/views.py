@@ -14,7 +14,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 
 from flint.analysis.summary import TraceSummary, spread
-from flint.analysis.timeline import Timeline
+from flint.step.schedule import Timeline
 from flint.analysis.validate import Validation
 
 

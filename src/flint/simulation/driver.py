@@ -3,8 +3,8 @@
 The machine is read from the trace's manifest (its mesh axes lay the network's dimensions out, its
 device sets the roofline) and the request (network preset or file, replay or roofline). Two engines
 give the step: Flint's estimator (`flint`, the default): `flint timeline`'s schedule with
-communication timed as NCCL runs it on the network (`flint.trace.nccl`; or, with `collectives`
-astra-sim, as ASTRA-sim times it on the same network and system keys, `flint.trace.collectives`),
+communication timed as NCCL runs it on the network (`flint.step.nccl`; or, with `collectives`
+astra-sim, as ASTRA-sim times it on the same network and system keys, `flint.step.astra_sim`),
 and ASTRA-sim itself (`astra-sim`), handed the closest network its analytical backend models (one
 switch per tier of the network file). The estimator is the default because it is the more
 faithful: ASTRA-sim's rings per dimension are far from what NCCL does (see docs/simulate.md).
@@ -22,17 +22,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline
+from flint.step.schedule import AS_ASTRA_SIM, load_timeline
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.run import RankResult, find_simulator, run_simulator
-from flint.trace.collectives import SYSTEM, CollectiveModel
-from flint.trace.nccl import NcclModel
+from flint.step.astra_sim import SYSTEM, CollectiveModel
+from flint.step.nccl import NcclModel
 from flint.trace.errors import TraceFormatError
-from flint.trace.network import mesh_axes, network_for
+from flint.step.network import mesh_axes, network_for
 from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
-from flint.trace.timing import COLLECTIVE_MODELS, Compute, Link, NodeTimer, recorded_device
+from flint.step.models import COLLECTIVE_MODELS
+from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
 RESULT = "result.json"
 """The report's file in the simulation's directory."""

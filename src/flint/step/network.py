@@ -11,10 +11,10 @@ How ASTRA-sim routes (astra-network-analytical, congestion unaware): a message b
 travels on the lowest dimension in which their addresses differ, at that dimension's bandwidth and
 latency; a collective on a communicator group smaller than the machine runs as a ring over the
 group's members. So a group's collectives run on the dimensions its members span, and changing a
-dimension no group spans changes nothing. `flint.trace.collectives` times collectives this way.
+dimension no group spans changes nothing. `flint.step.astra_sim` times collectives this way.
 
-The presets are the network files of `flint.trace.network_files` (their `astra_sim_*` figures);
-a network also keeps its file (`cluster`), which NCCL's model (`flint.trace.nccl`) times on. It
+The presets are the network files of `flint.step.network_files` (their `astra_sim_*` figures);
+a network also keeps its file (`cluster`), which NCCL's model (`flint.step.nccl`) times on. It
 lives in `trace` so that every reader of a trace (`flint timeline`, `flint simulate`, sweep) lays
 the same network over the mesh.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from flint.errors import FlintError
-from flint.trace.network_files import BUILTIN_NETWORKS, NetworkFile, NodeTier, ScaleOut, load_network_file
+from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, NodeTier, ScaleOut, load_network_file
 
 TOPOLOGIES = ("Ring", "Switch", "FullyConnected")
 GIB = 2**30

@@ -2,7 +2,7 @@
 
 One model for every reader: `flint timeline`, `flint simulate --engine flint` (and the estimate
 beside ASTRA-sim's result) and `flint sweep` time communication here, on the network of
-`flint.trace.network` and the system keys Flint writes for ASTRA-sim (`SYSTEM`, which a
+`flint.step.network` and the system keys Flint writes for ASTRA-sim (`SYSTEM`, which a
 `--system` file may override). It follows ASTRA-sim's analytical, congestion-unaware backend:
 
 - **A message** from NPU a to NPU b travels on the lowest network dimension in which their
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.network import GIB, Network
+from flint.step.network import GIB, Network
 
 SYSTEM: dict[str, Any] = {
     "scheduling-policy": "LIFO",

@@ -3,7 +3,7 @@
 NCCL predicts, for each collective, size and communicator, the time of every algorithm and protocol
 it has on the machine and runs the fastest (NVIDIA/nccl src/graph/tuning.cc). Flint does the same,
 with NCCL's constants (`networks/nccl.toml`, each from tuning.cc) and the machine's bandwidths from
-its network file (`flint.trace.network_files`, each with its source). For a group of N ranks on
+its network file (`flint.step.network_files`, each with its source). For a group of N ranks on
 `nodes` nodes, ppn = N / nodes of them per node, and nBytes as NCCL counts them (the whole buffer;
 an all-gather's output, a reduce-scatter's input):
 
@@ -66,8 +66,8 @@ from importlib import resources
 import tomllib
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.network import Network
-from flint.trace.network_files import CONSTANTS, FOLDER, NetworkFile
+from flint.step.network import Network
+from flint.step.network_files import CONSTANTS, FOLDER, NetworkFile
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLS-Tree", "CollNet", "PAT")
