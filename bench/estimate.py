@@ -1,5 +1,9 @@
 """Flint's estimator beside ASTRA-sim: the step each gives and how long each takes to give it.
 
+The estimator times collectives as ASTRA-sim does here (`--collectives astra-sim`), so that the two
+engines' steps agree; Flint's default, collectives as NCCL runs them, is checked against measured
+NCCL figures by bench/collectives.py.
+
     python bench/estimate.py [--sizes 64,256] [--big 4096] [--network hgx] [--dir DIR]
 
 Extracts `bench/gpt_at_scale.py` (DP x TP, 8-way tensor parallelism) and `examples/fsdp.py`
@@ -44,7 +48,8 @@ def simulate(trace: Path, engine: str, network: str) -> tuple[float, float]:
     """(step µs, seconds the command took)."""
     began = time.perf_counter()
     run = subprocess.run([sys.executable, "-m", "flint", "simulate", str(trace), "--engine", engine, "--network",
-                          network, "--json", "--no-estimate", "-o", str(trace / f"sim-{engine}")],
+                          network, "--collectives", "astra-sim", "--json", "--no-estimate",
+                          "-o", str(trace / f"sim-{engine}")],
                          capture_output=True, text=True)
     seconds = time.perf_counter() - began
     if run.returncode != 0:

@@ -7,10 +7,10 @@
    class (GEMMs, the rest) and in total, beside the profile; the peak memory per rank beside the
    device's `peak_bytes_in_use`.
 2. Megatron-LM's Table 1 (Narayanan et al., 2021) rows without pipelining: the same GPT on
-   `gpu:a100` with the paper's data x tensor layout and batch, simulated on a Selene-like network
-   (8 A100s per node on NVSwitch, 300 GB/s per GPU and 0.7 us; HDR InfiniBand, 25 GB/s per GPU and
-   2 us), by ASTRA-sim where `ASTRA_SIM` names one, else Flint's estimate; TFLOP/s per GPU by the
-   paper's model FLOPs, 96 B s l h^2 (1 + s / 6h + V / 16 l h), beside the published figure.
+   `gpu:a100` with the paper's data x tensor layout and batch, simulated on Selene's network (the
+   `hgx-a100` network file: 8 A100s per node on NVLink3 and NVSwitch, one 200 Gb/s HDR NIC per
+   GPU) by Flint's estimator, collectives as NCCL runs them; TFLOP/s per GPU by the paper's model
+   FLOPs, 96 B s l h^2 (1 + s / 6h + V / 16 l h), beside the published figure.
 
 Every figure comes from this run; ratios are predicted / measured.
 """
@@ -32,12 +32,6 @@ TABLE1 = [  # layers, hidden, heads, tensor-parallel size, GPUs, batch, publishe
     (36, 4096, 32, 4, 128, 512, 142),
     (40, 6144, 48, 8, 256, 1024, 135),
 ]
-SELENE = """# Selene-like: 8 A100s per node on NVSwitch, HDR InfiniBand between nodes
-topology: [ Switch, Switch ]
-npus_count: [ 8, {nodes} ]
-bandwidth: [ 300.0, 25.0 ]
-latency: [ 700.0, 2000.0 ]
-"""
 
 
 def paper_flops(batch: int, layers: int, hidden: int) -> float:
@@ -65,7 +59,7 @@ def h200_step(calibration: Path, work: Path) -> None:
 def table1(rows: list[int], model: Path, work: Path) -> None:
     import flint
 
-    print("\nMegatron-LM Table 1 on gpu:a100, Selene-like network")
+    print("\nMegatron-LM Table 1 on gpu:a100, the hgx-a100 network (Selene's)")
     print(f"{'row':<5}{'model':<18}{'layout':<20}{'step s':>8}{'by':>11}{'TFLOP/s':>9}{'published':>10}{'ratio':>7}")
     for row in rows:
         layers, hidden, heads, tp, gpus, batch, published = TABLE1[row - 1]
@@ -73,9 +67,7 @@ def table1(rows: list[int], model: Path, work: Path) -> None:
         out = work / f"row{row}"
         flint.extract(model, mesh, out, backend="gpu:a100", force=True,
                       model_args={"layers": layers, "hidden": hidden, "heads": heads, "batch": batch})
-        network = work / f"selene{gpus}.yml"
-        network.write_text(SELENE.format(nodes=gpus // 8))
-        result = flint.simulate(out, network=str(network), timeout=3000)
+        result = flint.simulate(out, network="hgx-a100", output=out / "simulation")
         step_us = result["step_us"]
         engine = "ASTRA-sim" if result["engine"] == "astra-sim" else "estimate"
         tflops = paper_flops(batch, layers, hidden) / (step_us / 1e6) / gpus / 1e12

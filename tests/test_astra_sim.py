@@ -41,7 +41,7 @@ from conftest import DEVICES, EXAMPLES, device_table, extract, hand_kernel_micro
 from flint.devices import BUILTIN
 from flint.schema import et_def_pb2 as pb
 from flint.simulation.inputs import SimulationInputs
-from flint.trace.network import network_for
+from flint.step.network import network_for
 from flint.trace.reader import attr_value, find_traces, read_trace
 
 SIMULATOR = os.environ.get("ASTRA_SIM", "")

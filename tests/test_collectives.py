@@ -1,4 +1,4 @@
-"""The communication model every reader shares (`flint.trace.collectives`), derived by hand.
+"""The communication model every reader shares (`flint.step.astra_sim`), derived by hand.
 
 The network is `hgx` over 16 ranks: dimension 0 an 8-rank NVLink switch (400 GB/s, 936.25 ns per
 hop, 2 hops through the switch), dimension 1 the scale-out switch joining 2 nodes (50 GB/s, 2,000 ns,
@@ -19,8 +19,8 @@ from conftest import EXAMPLES, extract, flint
 from test_trace_contract import TraceSet, make_node
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.collectives import GIB, SYSTEM, CollectiveModel
-from flint.trace.network import Dimension, Network, network_for
+from flint.step.astra_sim import GIB, SYSTEM, CollectiveModel
+from flint.step.network import Dimension, Network, network_for
 
 HGX16 = network_for("hgx", [("data", 2), ("tensor", 8)])
 MIB = 2**20
@@ -163,9 +163,9 @@ def test_one_collective_takes_as_long_as_in_astra_sim(tmp_path, groups, kind, si
     network = tmp_path / "hgx16.yml"
     network.write_text(HGX16.to_yaml())
     astra = json.loads(flint("simulate", traces, "--json", "--engine", "astra-sim", "--network", network,
-                             "-o", tmp_path / "a").stdout)
+                             "--collectives", "astra-sim", "-o", tmp_path / "a").stdout)
     estimate = json.loads(flint("simulate", traces, "--json", "--engine", "flint", "--network", network,
-                                "-o", tmp_path / "f").stdout)
+                                "--collectives", "astra-sim", "-o", tmp_path / "f").stdout)
     assert astra["engine"] == "astra-sim" and estimate["engine"] == "flint"
     assert estimate["step_us"] == pytest.approx(astra["step_us"], rel=0.01)
     assert astra["timeline_estimate_us"] == estimate["step_us"]
@@ -176,7 +176,8 @@ def test_one_collective_takes_as_long_as_in_astra_sim(tmp_path, groups, kind, si
 def test_a_dp_tp_step_is_within_ten_percent_of_astra_sim(tmp_path, network):
     traces = tmp_path / "gpt"
     extract(EXAMPLES / "gpt.py", "2x4", traces, "--backend", "gpu:h100")
-    result = json.loads(flint("simulate", traces, "--json", "--network", network, "-o", tmp_path / "s").stdout)
+    result = json.loads(flint("simulate", traces, "--json", "--network", network, "--engine", "astra-sim",
+                              "--collectives", "astra-sim", "-o", tmp_path / "s").stdout)
     assert result["engine"] == "astra-sim"
     assert result["timeline_estimate_us"] == pytest.approx(result["step_us"], rel=0.10)
 
@@ -199,5 +200,5 @@ def test_three_dimensions_of_every_topology_as_in_astra_sim(tmp_path, groups, ki
     network = tmp_path / "three.yml"
     network.write_text(THREE_DIMENSIONS)
     astra = json.loads(flint("simulate", traces, "--json", "--engine", "astra-sim", "--network", network,
-                             "-o", tmp_path / "a").stdout)
+                             "--collectives", "astra-sim", "-o", tmp_path / "a").stdout)
     assert astra["timeline_estimate_us"] == pytest.approx(astra["step_us"], rel=0.01)

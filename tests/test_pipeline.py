@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import MODELS, assert_sends_match_receives, extract, flint, transfers
 
-from flint.analysis.timeline import load_timeline
+from flint.step.schedule import load_timeline
 from flint.devices import Device
 from flint.pipelining import gpipe, interleaved, one_f_one_b
 from flint.schema import et_def_pb2 as pb

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from flint.errors import FlintError
-from flint.trace.network import Dimension, network_for
+from flint.step.network import Dimension, network_for
 
 NVLINK = ("Switch", 400.0, 936.25)
 SCALE_OUT = ("Switch", 50.0, 2000.0)
@@ -72,5 +72,5 @@ def test_a_yaml_network_must_cover_the_ranks(tmp_path):
     path.write_text("topology: [ Torus ]\nnpus_count: [ 8 ]\nbandwidth: [ 1 ]\nlatency: [ 1 ]\n")
     with pytest.raises(FlintError, match="'Torus' is not one of Ring, Switch, FullyConnected"):
         network_for(str(path), [("data", 8)])
-    with pytest.raises(FlintError, match="unknown --network 'dgx': use one of hgx, nvl72, flat or a .yml file"):
+    with pytest.raises(FlintError, match="unknown --network 'dgx': use one of .*hgx.*, a network file \\(.toml\\) or an ASTRA-sim network \\(.yml\\)"):
         network_for("dgx", [("data", 8)])

@@ -28,6 +28,7 @@ LAYERS = [
     {"emit"},
     {"isolation"},
     {"pipeline"},
+    {"step"},
     {"analysis"},
     {"simulation"},
     {"exploration"},
@@ -37,7 +38,7 @@ LAYERS = [
     {"__main__"},
 ]
 """Top-level units of `flint`, lowest first: the foundation, the trace format, the stages in
-pipeline order, then what runs them and what reads traces back. A unit may import from itself and
+pipeline order, then what runs them, what times a step on a machine, and what reads traces back. A unit may import from itself and
 from units of lower layers only; units of one layer are independent of each other."""
 
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}

@@ -22,21 +22,13 @@ import pytest
 from conftest import flint
 from test_trace_contract import TraceSet, make_node, set_attr
 
-from flint.analysis.timeline import (
-    AS_ASTRA_SIM,
-    COMM,
-    COMPUTE,
-    READY_FIRST,
-    RankTime,
-    Slice,
-    Timeline,
-    load_timeline,
-    to_trace_events,
-)
+from flint.analysis.timeline import to_trace_events
 from flint.devices import Device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.timing import Compute, Link, NodeTimer, reader_collectives
+from flint.step.models import reader_collectives
+from flint.step.schedule import AS_ASTRA_SIM, COMM, COMPUTE, READY_FIRST, RankTime, Slice, Timeline, load_timeline
+from flint.trace.timing import Compute, Link, NodeTimer
 
 DEVICE = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)
 LINK = Link(bandwidth_gbps=1.0, latency_us=2.0)
@@ -147,10 +139,10 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     device.write_text(json.dumps({"name": "test", "peak_tflops": 1.0, "mem_bw_gbps": 1.0}))
     out, png = tmp_path / "step.json", tmp_path / "step.png"
     run = flint("timeline", directory, "-o", out, "--plot", png, "--device", device,
-                "--link-gbps", "1", "--link-latency-us", "2", "--json")
+                "--link-gbps", "1", "--link-latency-us", "2", "--collectives", "astra-sim", "--json")
     assert run.returncode == 0, run.stderr
-    # --link-gbps/--link-latency-us: one fully connected link, timed as flint simulate times it
-    collectives = reader_collectives(None, None, 2, 1.0, 2.0)
+    # --link-gbps/--link-latency-us: one fully connected link, timed as ASTRA-sim times it
+    collectives = reader_collectives(None, None, 2, 1.0, 2.0, model="astra-sim")
     expected = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(DEVICE, "roofline"), LINK, groups,
                                                                           n, collectives), issue=AS_ASTRA_SIM)
     assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])

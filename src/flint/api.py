@@ -117,9 +117,9 @@ def extract(model: str | Path, mesh: str, output: str | Path,
 
 
 def simulate(directory: str | Path, **options) -> dict:
-    """Simulate a trace with ASTRA-sim or Flint's estimator (the options of `flint simulate`:
-    network, roofline, device, system, simulator, output, prefix, estimate, timeout, groups,
-    engine); returns what `flint simulate --json` prints."""
+    """Simulate a trace with Flint's estimator or ASTRA-sim (the options of `flint simulate`:
+    network, collectives, roofline, device, system, simulator, output, prefix, estimate, timeout,
+    groups, engine); returns what `flint simulate --json` prints."""
     for path_option in ("system", "output", "groups"):
         if options.get(path_option) is not None:
             options[path_option] = Path(options[path_option])

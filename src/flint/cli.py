@@ -444,19 +444,27 @@ def _timing_options(command):
 
 
 def _network_options(command):
-    """--network, --link-gbps, --link-latency-us: the network communication is timed on, as
-    `flint simulate` times it (flint.trace.collectives)."""
+    """--network, --collectives, --link-gbps, --link-latency-us: the network communication is timed
+    on and how (flint.step.nccl, flint.step.astra_sim), as flint simulate's estimator times it."""
+    from flint.step.network_files import BUILTIN_NETWORKS
+
     for option in (
         click.option("--link-latency-us", type=click.FloatRange(min=0),
                      help="Instead of --network: every rank one hop from every other, this latency per hop "
-                          "in µs [default with --link-gbps: the flat preset's]."),
+                          "in µs (ASTRA-sim's; with --collectives astra-sim) [default with --link-gbps: the "
+                          "flat network's]."),
         click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
                      help="Instead of --network: every rank one hop from every other at this bandwidth "
                           "(GB/s, as ASTRA-sim reads its network files) [default with --link-latency-us: "
-                          "the flat preset's]."),
+                          "the flat network's]."),
+        click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl",
+                     show_default=True,
+                     help="How collectives are timed: as NCCL runs them (its algorithms, protocols and "
+                          "tuner, on the network file's bandwidths), or as ASTRA-sim's analytical backend "
+                          "times them (a ring per network dimension)."),
         click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
-                     help="Network: hgx (8-GPU NVLink nodes, 50 GB/s scale-out), nvl72 (72-GPU NVLink "
-                          "domains), flat (one switch), or an ASTRA-sim network .yml; as flint simulate."),
+                     help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/step/networks/), a network "
+                          "file (.toml), or an ASTRA-sim network (.yml)."),
     ):
         command = option(command)
     return command
@@ -494,12 +502,15 @@ def _timer(compute, link_gbps: float, link_latency_us: float, groups, num_ranks:
 @click.option("--prefix", help="Trace name prefix, when a directory holds several traces.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-rank summaries as JSON.")
 @_groups_option
-@_timing_options
-def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, link_gbps, link_latency_us):
+@_compute_options
+@_network_options
+def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, network, collectives, link_gbps,
+            link_latency_us):
     """Summarise a trace, rank by rank.
 
     Nodes by type, FLOPs, bytes, collectives by kind and group size, send/recv peers, the heaviest
-    nodes, and the spread across ranks.
+    nodes (communication timed on the --network as NCCL runs it, --collectives), and the spread
+    across ranks.
 
     PATH is a trace directory or a single .et file; any trace following the Chakra schema works.
     Details are shown for the first rank listed (--rank picks one). FLOPs are those of the COMP
@@ -508,14 +519,20 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, li
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
 
+    from flint.step.models import reader_collectives
+    from flint.trace.timing import Link, NodeTimer
+
     files = _trace_files(path, prefix, rank, groups_file)
     compute = _compute(path, files, device_spec, durations)
-    timer = _timer(compute, link_gbps, link_latency_us, files.groups, files.num_ranks)
+    model = reader_collectives(network, _manifest_of(path, files), files.num_ranks, link_gbps, link_latency_us,
+                               model=collectives)
+    timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
     summaries = [summarize(_read_trace(f), timer) for f in files.paths]
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return
-    stdout.print(inspect_view(str(path), summaries, compute.label))
+    how = "as NCCL runs them" if collectives == "nccl" else "as ASTRA-sim times them"
+    stdout.print(inspect_view(str(path), summaries, compute.label, f"{how} on {model.network.name}"))
 
 
 @main.command()
@@ -577,33 +594,36 @@ def check(directory, prefix, num_ranks, groups_file, as_json):
 @_groups_option
 @_compute_options
 @_network_options
-def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, network, link_gbps,
-             link_latency_us):
+def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec, durations, network, collectives,
+             link_gbps, link_latency_us):
     """Schedule one step as a timeline.
 
     Writes Chrome trace-event JSON (open it in ui.perfetto.dev), before spending hours in
     ASTRA-sim. Each rank's graph is list-scheduled as ASTRA-sim issues it: one compute node and one
     collective or SEND at a time, lowest id first; compute takes the trace's durations,
-    communication is timed on the --network as ASTRA-sim times it, a collective starts when its
+    communication is timed on the --network as NCCL runs it (--collectives), a collective starts when its
     whole group issues it and a RECV no earlier than its SEND. The step is the one flint simulate
     --engine flint gives. Above 64 ranks, one rank per class of the manifest stands for its class.
     Refuses a trace that breaks the contract (see `flint check`).
     """
-    from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline, to_trace_events
+    from flint.analysis.timeline import to_trace_events
+    from flint.step.schedule import AS_ASTRA_SIM, load_timeline
     from flint.analysis.views import timeline_view
-    from flint.trace.timing import Link, NodeTimer, reader_collectives
+    from flint.step.models import reader_collectives
+    from flint.trace.timing import Link, NodeTimer
 
     _trace_set(directory, prefix)
     files = _trace_files(directory, prefix, None, groups_file)
     compute = _compute(directory, files, device_spec, durations)
-    collectives = reader_collectives(network, _manifest_of(directory, files), files.num_ranks, link_gbps,
-                                     link_latency_us)
+    model = reader_collectives(network, _manifest_of(directory, files), files.num_ranks, link_gbps,
+                               link_latency_us, model=collectives)
     scheduled = load_timeline(
         directory, prefix,
-        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, collectives),
+        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model),
         groups_file, issue=AS_ASTRA_SIM,
     )
-    metadata = {"trace": str(directory), "compute": compute.label, "network": collectives.network.as_json()}
+    metadata = {"trace": str(directory), "compute": compute.label, "network": model.network.as_json(),
+                "collectives": collectives}
     try:
         output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
     except OSError as exc:
@@ -627,8 +647,11 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
-              help="Network: hgx (8-GPU NVLink nodes, 50 GB/s scale-out), nvl72 (72-GPU NVLink domains), "
-                   "flat (one switch), or an ASTRA-sim network .yml.")
+              help="Network: a built-in one (hgx, hgx-h200, hgx-a100, hgx-b200, nvl72, flat), a network file "
+                   "(.toml), or an ASTRA-sim network (.yml).")
+@click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl", show_default=True,
+              help="How the estimator times collectives: as NCCL runs them, or as ASTRA-sim's analytical "
+                   "backend times them (which it agrees with).")
 @click.option("--roofline", is_flag=True,
               help="Let ASTRA-sim time compute from FLOPs and bytes (its roofline mode) instead of "
                    "replaying each node's duration.")
@@ -646,17 +669,19 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
               help="With ASTRA-sim, also give the estimator's step (flint timeline's) on the same network.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop ASTRA-sim after this long.")
-@click.option("--engine", type=click.Choice(["auto", "astra-sim", "flint"]), default="auto", show_default=True,
-              help="What gives the step: ASTRA-sim, Flint's estimator (flint timeline's schedule, "
-                   "communication timed as ASTRA-sim times it), or auto: ASTRA-sim where it is found and "
-                   "the trace has at most 2,048 ranks, else the estimator.")
+@click.option("--engine", type=click.Choice(["flint", "astra-sim", "auto"]),
+              help="What gives the step [default: flint; astra-sim with --astra-sim]: Flint's estimator (flint timeline's schedule, collectives as "
+                   "--collectives says; the more faithful to real clusters), ASTRA-sim (handed the closest "
+                   "network it models, with the estimator's step beside), or auto: ASTRA-sim where it is "
+                   "found and the trace has at most 2,048 ranks, else the estimator.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_groups_option
-def simulate(directory, network, roofline, device_spec, system, simulator, output, prefix, estimate, timeout,
-             engine, as_json, groups_file):
+def simulate(directory, network, collectives, roofline, device_spec, system, simulator, output, prefix, estimate,
+             timeout, engine, as_json, groups_file):
     """Simulate one step on a machine.
 
-    By ASTRA-sim, or by Flint's estimator (--engine).
+    By Flint's estimator (the default: collectives as NCCL runs them, which matches real clusters
+    more closely than ASTRA-sim's rings), or by ASTRA-sim (--engine).
     Writes ASTRA-sim's system, network and memory files for the trace in DIRECTORY: one network
     dimension per tier of the --network (the mesh's innermost axes on the fastest), the device from
     the trace's manifest. Runs the --engine and reports the step (the slowest rank), where each
@@ -674,7 +699,8 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
     _trace_set(directory, prefix)
     request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
-                              timeout=timeout, groups=groups_file, engine=engine)
+                              timeout=timeout, groups=groups_file,
+                              engine=engine or ("astra-sim" if simulator else "flint"), collectives=collectives)
     with _progress(as_json) as bars:
         task = bars.add_task("simulating ranks", total=None)
         result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))
@@ -696,8 +722,9 @@ def simulate(directory, network, roofline, device_spec, system, simulator, outpu
 @click.option("--retry-failed", is_flag=True, help="Run again the points that failed last time.")
 @click.option("--keep-traces", is_flag=True, help="Keep each point's trace and simulator files.")
 @click.option("--astra-sim", "simulator", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
-              help="ASTRA-sim to simulate each point with [default: $ASTRA_SIM, else astra-sim on PATH; "
-                   "without one, or above 2,048 ranks, points are ranked by Flint's estimator].")
+              help="ASTRA-sim to simulate each point with (up to 2,048 ranks) [default: none: points are "
+                   "ranked by Flint's estimator, collectives as NCCL runs them; with --finalists, $ASTRA_SIM "
+                   "or astra-sim on PATH].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="Points in the ranking.")
 @click.option("--finalists", type=click.IntRange(min=1), metavar="K",
@@ -812,6 +839,33 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
         sys.exit(1)
 
 
+def _calibrate_network(paths, output: Path, network: str, ranks, nodes, name, as_json) -> None:
+    """`flint calibrate --network`: fit a network file to nccl-tests output."""
+    from flint.analysis.calibrate_network import calibrate_network
+    from flint.analysis.nccl_tests import read_nccl_tests
+    from flint.analysis.views import network_calibration_view
+    from flint.step.network_files import BUILTIN_NETWORKS, load_network_file, network_toml
+
+    if output.suffix != ".toml":
+        raise FlintError(f"--output {str(output)!r}: a network file ends in .toml")
+    base = BUILTIN_NETWORKS.get(network) or (load_network_file(Path(network)) if network.endswith(".toml") else None)
+    if base is None:
+        raise FlintError(f"unknown --network {network!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
+    runs = [read_nccl_tests(path) for path in paths]
+    fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes)
+    source = f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} (in-place times)"
+    fitted = fit.network.with_sources(**{key: source for key in fit.fitted})
+    try:
+        output.write_text(network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network"))
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    if as_json:
+        click.echo(json.dumps(fit.as_json(), indent=2))
+        return
+    stdout.print(network_calibration_view(fit))
+    stdout.print(f"wrote {output}: use it as --network {output}")
+
+
 def _branches(count: int) -> str:
     plural = "s" if count > 1 else ""
     return (f"{count} conditional{plural} whose selector depends on data or on the rank, traced as "
@@ -820,16 +874,24 @@ def _branches(count: int) -> str:
 
 @main.command()
 @click.argument("pairs", nargs=-1, required=True, type=click.Path(path_type=Path),
-                metavar="PROFILE TRACE [PROFILE TRACE]...")
+                metavar="PROFILE TRACE [...] | NCCL_TESTS...")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
-              help="Device file to write (.toml), for --device.")
+              help="Device file (.toml, for --device) or, with --network, network file (.toml, for "
+                   "--network) to write.")
 @click.option("--rank", type=int, default=0, show_default=True, help="The traces' rank that was profiled.")
 @click.option("--device", "device_spec", metavar="DEVICE",
               help="Device whose peaks to keep [default: the one the traces' manifests record].")
-@click.option("--name", help="Name of the fitted device [default: the device's, with -calibrated].")
+@click.option("--network", metavar="NETWORK",
+              help="Fit this network (a built-in one or a .toml network file) to nccl-tests output instead "
+                   "of a device to profiles.")
+@click.option("--ranks", type=click.IntRange(min=2), help="With --network: the GPUs the nccl-tests ran on, "
+              "where their output does not list them.")
+@click.option("--nodes", type=click.IntRange(min=1), help="With --network: the nodes they ran on, where the "
+              "output does not list them [default: 1].")
+@click.option("--name", help="Name of the fitted device or network [default: its own, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(pairs, output, rank, device_spec, name, as_json):
-    """Fit a device to profiled steps.
+def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_json):
+    """Fit a device to profiled steps, or a network to nccl-tests.
 
     Each PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
     trace-event JSON, .json or .json.gz, that jax.profiler writes); the TRACE after it is Flint's
@@ -840,7 +902,20 @@ def calibrate(pairs, output, rank, device_spec, name, as_json):
     prints the profiles beside the model before and after, per class and per step, and writes the
     device file (use it as --device). Steps of several programs give a device that carries over to
     other programs better than one program's step does.
+
+    With --network, each argument is the output of an nccl-tests program (all_reduce_perf,
+    all_gather_perf, reduce_scatter_perf, alltoall_perf, broadcast_perf, named in the file's name or
+    its header): the fit sets the bandwidth each run's largest size measures (NVLS's or the
+    ring's in a node, the NICs' across nodes) and, for NVLS, its latency; prints each size
+    measured beside NCCL's model before and after; and writes the network file (use it as
+    --network).
+
+    \b
+      flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
     """
+    if network is not None:
+        _calibrate_network(pairs, output, network, ranks, nodes, name, as_json)
+        return
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
     from flint.analysis.calibrate import calibrate as fit_device
     from flint.analysis.views import calibration_view

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from flint.analysis.timeline import Timeline
+from flint.step.schedule import Timeline
 from flint.errors import FlintError
 
 SEGMENTS = (

@@ -14,7 +14,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 
 from flint.analysis.summary import TraceSummary, spread
-from flint.analysis.timeline import Timeline
+from flint.step.schedule import Timeline
 from flint.analysis.validate import Validation
 
 
@@ -38,10 +38,11 @@ def _table(title: str, columns: Sequence[str], texts: Sequence[str] = (),
     return table
 
 
-def inspect_view(source: str, summaries: Sequence[TraceSummary], compute: str = "the trace's durations"
-                 ) -> RenderableType:
+def inspect_view(source: str, summaries: Sequence[TraceSummary], compute: str = "the trace's durations",
+                 collectives: str = "alpha-beta") -> RenderableType:
     """Per-rank totals, their spread across ranks, and the details of the first rank shown;
-    `source` is the directory or file they were read from, `compute` how compute was timed."""
+    `source` is the directory or file they were read from, `compute` and `collectives` how compute
+    and communication were timed."""
     parts: list[RenderableType] = [_PerRank(f"{source} ({plural(len(summaries), 'rank')})", summaries)]
     if len(summaries) > 1:
         parts.append(_spread(summaries))
@@ -60,7 +61,7 @@ def inspect_view(source: str, summaries: Sequence[TraceSummary], compute: str = 
                 table.add_row(direction, str(peer), str(count), f"{nbytes:,}")
         parts.append(table)
     if first.heaviest:
-        table = _table(f"rank {first.rank}: heaviest nodes (compute: {compute}; collectives: alpha-beta)",
+        table = _table(f"rank {first.rank}: heaviest nodes (compute: {compute}; collectives: {collectives})",
                        ("id", "name", "type", "µs", "FLOPs", "bytes"), texts=("type",), cut=("name",))
         for node in first.heaviest:
             table.add_row(str(node.id), node.name, node.type, f"{node.micros:,.1f}",
@@ -170,3 +171,18 @@ def calibration_view(fit) -> Table:
                      + "".join(f", {key.replace('_', ' ')} {getattr(c, key):g}"
                                for key in ("transpose_efficiency", "triton_efficiency") if key in fit.fitted))
     return table
+
+
+def network_calibration_view(fit) -> Group:
+    """Each nccl-tests run beside NCCL's model of it, before and after the fit, size by size."""
+    tables = []
+    for run in fit.runs:
+        table = _table(f"{run.run.path.name}: {run.run.collective}, {run.placement.ranks} ranks on "
+                       f"{run.placement.nodes} node{'s' if run.placement.nodes > 1 else ''}, in place",
+                       ("bytes", "measured µs", "before µs", "after µs", "ratio", "NCCL runs"))
+        for row in run.rows:
+            table.add_row(f"{row.size:,}", f"{row.measured:,.1f}", f"{row.before:,.1f}", f"{row.after.micros:,.1f}",
+                          f"{row.after.micros / row.measured:.2f}", f"{row.after.algorithm} {row.after.protocol}")
+        tables.append(table)
+    fitted = ", ".join(f"{key} {value:g}" for key, value in fit.fitted.items())
+    return Group(*tables, f"fitted: {fitted}")

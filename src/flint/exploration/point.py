@@ -109,7 +109,7 @@ def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str
         return record | {"status": status, "reason": _one_line(extracted.stderr, extracted.returncode)}
     record |= from_extraction(json.loads(extracted.stdout))
     request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
-                              engine=engine)
+                              engine=engine, collectives=str(point.options.get("collectives", "nccl")))
     try:
         simulated = simulate(request).as_json()
     except FlintError as exc:
@@ -118,7 +118,7 @@ def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str
 
 
 COLUMNS = ("id", "status", "reason", "mesh", "ranks", "strategy", "pipeline_stages", "schedule", "microbatches",
-           "virtual_stages", "backend", "device", "network", "model_args", "step_us", "simulated_step_us",
+           "virtual_stages", "backend", "device", "network", "collectives", "model_args", "step_us", "simulated_step_us",
            "estimated_step_us", "compute_us", "exposed_communication_us", "idle_us", "memory_per_rank_bytes",
            "device_memory_bytes", "fits", "flops_per_rank", "communication_bytes_per_rank", "extract_seconds",
            "seconds")
@@ -131,6 +131,7 @@ def base_record(point: Point) -> dict[str, Any]:
     record.update({
         "id": point.key, "mesh": point.mesh, "ranks": ranks(point), "pipeline_stages": point.pipeline_stages,
         "model_args": dict(point.model_args), "network": options.get("network", "hgx"),
+        "collectives": options.get("collectives", "nccl"),
         **{k: options.get(k) for k in ("strategy", "backend", "device")},
         **({k: options.get(k) for k in ("schedule", "microbatches", "virtual_stages")}
            if point.pipeline_stages else {}),

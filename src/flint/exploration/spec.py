@@ -12,6 +12,7 @@
     schedule = ["1f1b", "gpipe"]
     microbatches = [8]
     network = ["hgx"]
+    collectives = ["nccl"]                # or astra-sim: as flint simulate --collectives
     model_args = { layers = [4], batch = [64] }
 
 A mesh axis named `pp` (or `stage`) larger than 1 pipelines the model over that many stages; the
@@ -35,7 +36,7 @@ import tomllib
 from flint.errors import FlintError
 from flint.mesh import parse_mesh
 
-OPTIONS = ("backend", "stage", "strategy", "device", "network", "durations", "donate", "schedule",
+OPTIONS = ("backend", "stage", "strategy", "device", "network", "collectives", "durations", "donate", "schedule",
            "microbatches", "virtual_stages")
 """What a point may set besides its mesh and model arguments (extract's and simulate's options)."""
 PIPELINE_OPTIONS = ("schedule", "microbatches", "virtual_stages")

@@ -2,11 +2,15 @@
 
 The machine is read from the trace's manifest (its mesh axes lay the network's dimensions out, its
 device sets the roofline) and the request (network preset or file, replay or roofline). Two engines
-give the step: ASTRA-sim itself (`astra-sim`), and Flint's estimator (`flint`): `flint timeline`'s
-schedule with communication timed as ASTRA-sim times it on the same network and system keys
-(`flint.trace.collectives`). By default (`auto`) ASTRA-sim runs where it is found and the trace has
-at most `ASTRA_SIM_MAX_RANKS` ranks, the estimator otherwise; the result says which ran. Beside
-ASTRA-sim's result stands the estimator's, so a user sees how far apart they are.
+give the step: Flint's estimator (`flint`, the default): `flint timeline`'s schedule with
+communication timed as NCCL runs it on the network (`flint.step.nccl`; or, with `collectives`
+astra-sim, as ASTRA-sim times it on the same network and system keys, `flint.step.astra_sim`),
+and ASTRA-sim itself (`astra-sim`), handed the closest network its analytical backend models (one
+switch per tier of the network file). The estimator is the default because it is the more
+faithful: ASTRA-sim's rings per dimension are far from what NCCL does (see docs/simulate.md).
+`auto` runs ASTRA-sim where it is found and the trace has at most `ASTRA_SIM_MAX_RANKS` ranks, the
+estimator otherwise; the result says which ran. Beside ASTRA-sim's result stands the estimator's,
+so a user sees how far apart they are.
 """
 
 from __future__ import annotations
@@ -18,21 +22,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flint.analysis.timeline import AS_ASTRA_SIM, load_timeline
+from flint.step.schedule import AS_ASTRA_SIM, load_timeline
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.run import RankResult, find_simulator, run_simulator
-from flint.trace.collectives import SYSTEM, CollectiveModel
+from flint.step.astra_sim import SYSTEM, CollectiveModel
+from flint.step.nccl import NcclModel
 from flint.trace.errors import TraceFormatError
-from flint.trace.network import mesh_axes, network_for
+from flint.step.network import mesh_axes, network_for
 from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
+from flint.step.models import COLLECTIVE_MODELS
 from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
 RESULT = "result.json"
 """The report's file in the simulation's directory."""
-ENGINES = ("auto", "astra-sim", "flint")
-"""`flint simulate --engine`: ASTRA-sim where it is found and within reach, else the estimator."""
+ENGINES = ("flint", "astra-sim", "auto")
+"""`flint simulate --engine`: the estimator, ASTRA-sim, or ASTRA-sim where it is found and within
+reach, else the estimator."""
 ASTRA_SIM_MAX_RANKS = 2048
 """The most ranks `--engine auto` gives ASTRA-sim: its time and memory grow with the ranks (1,024
 took minutes), while the estimator answers in seconds at any scale."""
@@ -43,7 +50,8 @@ class SimulateRequest:
     """What to simulate and on what: `network` is a preset name or an ASTRA-sim YAML file;
     `device` (a name or a JSON spec) overrides the manifest's; `output` holds ASTRA-sim's inputs
     and logs (default: DIR/astra-sim); `system` is a JSON file of ASTRA-sim system keys that
-    replace Flint's; `groups` is a communicator-group file other than PREFIX.comm_groups.json."""
+    replace Flint's; `groups` is a communicator-group file other than PREFIX.comm_groups.json;
+    `collectives` is the estimator's communication model (nccl or astra-sim)."""
 
     directory: Path
     network: str = "hgx"
@@ -56,7 +64,8 @@ class SimulateRequest:
     estimate: bool = True
     timeout: float | None = None
     groups: Path | None = None
-    engine: str = "auto"
+    engine: str = "flint"
+    collectives: str = "nccl"
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class Simulation:
     engine: str | None = None
     seconds: float | None = None
     notes: Sequence[str] = ()
+    collectives: str = "nccl"
 
     @property
     def ran(self) -> bool:
@@ -88,6 +98,7 @@ class Simulation:
             "ranks": self.inputs.network.npus,
             "network": self.inputs.network.as_json(),
             "engine": self.engine,
+            "collectives": self.collectives,
             "seconds": self.seconds,
             "device": self.inputs.device.name,
             "mode": "roofline" if self.inputs.roofline else "replay",
@@ -133,7 +144,11 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     inputs.write()
     if request.engine not in ENGINES:
         raise FlintError(f"unknown --engine {request.engine!r}: use one of {', '.join(ENGINES)}")
-    model = CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides})
+    if request.collectives not in COLLECTIVE_MODELS:
+        raise FlintError(f"unknown --collectives {request.collectives!r}: use one of {', '.join(COLLECTIVE_MODELS)}")
+    model: CollectiveModel | NcclModel = (
+        NcclModel(network) if request.collectives == "nccl"
+        else CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides}))
     notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
              for found in [model.unmodelled()] if found]
     simulator = find_simulator(request.simulator) if request.engine != "flint" else None
@@ -143,12 +158,12 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         began = time.perf_counter()
         step, ranks = estimate(request, compute, model)
         seconds = time.perf_counter() - began
-        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes)
+        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes, request.collectives)
         (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
         return simulation
     estimated = estimate(request, compute, model)[0] if request.estimate else None
     if simulator is None:
-        return Simulation(inputs, None, [], estimated, None, notes=notes)
+        return Simulation(inputs, None, [], estimated, None, notes=notes, collectives=request.collectives)
     multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
     began = time.perf_counter()
     run = run_simulator(inputs.command(simulator), inputs.directory, files.num_ranks, multi_group,
@@ -158,7 +173,8 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         known = (f"ASTRA-sim crashed at teardown (exit {run.returncode}) after every rank finished: a "
                  "known upstream issue with ranks in two or more communicator groups; the results are complete")
     simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimated, known,
-                            "astra-sim", time.perf_counter() - began, notes if estimated is not None else [])
+                            "astra-sim", time.perf_counter() - began, notes if estimated is not None else [],
+                            request.collectives)
     (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
     return simulation
 
@@ -171,7 +187,7 @@ def _manifest(directory: Path, prefix: str) -> dict:
         raise FlintError(f"{exc}: extract the trace again") from None
 
 
-def estimate(request: SimulateRequest, compute: Compute, model: CollectiveModel
+def estimate(request: SimulateRequest, compute: Compute, model: CollectiveModel | NcclModel
              ) -> tuple[float, list[RankResult]]:
     """The estimator's step (µs) and each rank's times (as ASTRA-sim reports them, in ns): `flint
     timeline`'s schedule with communication timed by `model`, compute as ASTRA-sim times it (the

@@ -22,8 +22,8 @@ from typing import Any
 
 from flint.devices import Device
 from flint.errors import FlintError
-from flint.trace.collectives import SYSTEM
-from flint.trace.network import Network
+from flint.step.astra_sim import SYSTEM
+from flint.step.network import Network
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}

@@ -11,11 +11,25 @@ from rich.text import Text
 from flint.simulation.driver import Simulation
 
 
+def _fabric(simulation: Simulation) -> str:
+    """The network as the engine that gave the step sees it: ASTRA-sim's dimensions, or the
+    network file's node and NICs that NCCL's model times on."""
+    network = simulation.inputs.network
+    cluster = network.cluster
+    if simulation.engine == "astra-sim" or simulation.collectives != "nccl" or cluster is None:
+        return ", ".join(f"{'+'.join(d.axes) or 'ranks'} {d.npus} at {d.bandwidth_gbps:g} GB/s"
+                         for d in network.dimensions)
+    node = cluster.node
+    text = f"{node.gpus or 'all'} GPUs a node at {node.bus_gbps:g} GB/s{', NVLS' if node.nvls else ''}"
+    if cluster.scale_out is not None:
+        out = cluster.scale_out
+        text += f"; {out.nics} NICs a node at {out.nic_gbps:g} GB/s{', SHARP' if out.sharp else ''}"
+    return text
+
+
 def simulation_view(simulation: Simulation) -> Group:
     inputs = simulation.inputs
-    network = ", ".join(
-        f"{'+'.join(d.axes) or 'ranks'} {d.npus} at {d.bandwidth_gbps:g} GB/s" for d in inputs.network.dimensions
-    )
+    network = _fabric(simulation)
     mode = "roofline" if inputs.roofline else "replay"
     lines: list = [Text(f"{inputs.workload.name}: {inputs.network.npus} ranks on {inputs.network.name} "
                         f"({network}), {mode}, {inputs.device.name}")]
@@ -30,12 +44,13 @@ def simulation_view(simulation: Simulation) -> Group:
             lines.append(Text(f"note: {note}", style="yellow"))
         return Group(*lines)
     slowest = simulation.slowest
+    model = "as NCCL runs them" if simulation.collectives == "nccl" else "as ASTRA-sim times them"
     beside = ""
     if simulation.engine != "flint" and estimate is not None:
-        beside = f"   (Flint's estimator: {estimate:,.1f} µs)"
+        beside = f"   (Flint's estimator, collectives {model}: {estimate:,.1f} µs)"
     took = "" if simulation.seconds is None else (
         f" in {simulation.seconds:,.1f} s" if simulation.seconds >= 0.05 else " in under 0.1 s")
-    engine = "Flint's estimator (no ASTRA-sim)" if simulation.engine == "flint" else "ASTRA-sim"
+    engine = f"Flint's estimator (collectives {model})" if simulation.engine == "flint" else "ASTRA-sim"
     lines.append(Text(f"engine: {engine}{took}"))
     lines.append(Text(f"step {slowest.wall / 1e3:,.1f} µs (slowest rank {slowest.rank}){beside}"))
     table = Table(box=None, padding=(0, 2))

@@ -3,7 +3,8 @@
 What `flint.emit` writes with and what the tools of `flint.analysis` read with: length-delimited
 framing, a reader for rank files and the communicator-group file, the rules of the trace contract
 checked across ranks (files that repeat a checked one but for their per-rank values are recognised
-by their bytes: `shapes`), how long a node takes (`timing`), and the names and definitions that
+by their bytes: `shapes`), how long a node takes (`timing`; communication by a model of
+`flint.step`), and the names and definitions that
 every command's JSON output uses (`vocabulary`). It knows nothing of how a trace was made, so it
 reads any producer's traces: what ASTRA-sim tolerates is read as ASTRA-sim reads it.
 

@@ -11,8 +11,9 @@ each other and with the trace.
   a reader times them again from `num_ops`, `tensor_size` and `gemm` on a device (by default the
   one the manifest records); a node without those attributes (a foreign trace) keeps its
   `duration_micros`.
-- Communication, given a network (`collectives`): as ASTRA-sim times it on that network, by
-  `flint.trace.collectives.CollectiveModel`. Every reader passes one (`--network`, hgx by default).
+- Communication, given a model of it on a network (`collectives`, from `flint.step`): as NCCL runs
+  it (`flint.step.nccl`, the default), or as ASTRA-sim times it (`flint.step.astra_sim`,
+  `--collectives astra-sim`). Every reader passes one (`--network`, hgx by default).
 - Communication without a network (a bare `Link`, e.g. in unit tests): collectives over a group of
   n ranks, ring algorithm, `comm_size` S in Chakra's convention: `steps * alpha + moved / bandwidth` with
 
@@ -32,15 +33,14 @@ concurrent transfers, so communication times are a lower bound.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from flint.devices import BUILTIN, Device, load_device
 from flint.devices.kernels import kernel_micros
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.collectives import SYSTEM, TIMED, CollectiveModel
-from flint.trace.network import PRESETS, mesh_axes, network_for, one_link
 from flint.trace.node_rules import ALL_RANKS, parse_group_id
 from flint.trace.reader import INTEGER_KINDS, attr_value, attribute_value, attributes, gemm_shape, kernel_kind
 
@@ -120,37 +120,30 @@ def recorded_device(manifest: Mapping | None) -> Device:
     return _device_of(recorded) if isinstance(recorded, Mapping) else BUILTIN["h100"]
 
 
-DEFAULT_NETWORK = "hgx"
-"""The network every reader lays over the mesh unless told otherwise (`--network`)."""
+class CommunicationModel(Protocol):
+    """What times communication on a machine (`flint.step`: NCCL's model or ASTRA-sim's)."""
 
+    def times(self, comm_type: int) -> bool: ...
 
-def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks: int,
-                       link_gbps: float | None = None, link_latency_us: float | None = None,
-                       system: Mapping | None = None) -> CollectiveModel:
-    """The communication model of a reader: `network` (a preset or an ASTRA-sim YAML file, hgx by
-    default) over the manifest's mesh, or, given `link_gbps` or `link_latency_us`, one fully
-    connected link of that bandwidth (GB/s) and latency (µs per hop; the other from the `flat`
-    preset); reductions at the memory bandwidth of the manifest's device (an H100's without one),
-    with Flint's ASTRA-sim system keys and `system`'s over them, as `flint simulate` writes them."""
-    if link_gbps is not None or link_latency_us is not None:
-        flat = PRESETS["flat"][0]
-        chosen = one_link(num_ranks, flat.bandwidth_gbps if link_gbps is None else link_gbps,
-                          flat.latency_ns if link_latency_us is None else link_latency_us * 1e3)
-    else:
-        chosen = network_for(network or DEFAULT_NETWORK, mesh_axes(dict(manifest or {}), num_ranks))
-    return CollectiveModel(chosen, recorded_device(manifest).mem_bw_gbps, {**SYSTEM, **(system or {})})
+    def collective_micros(self, comm_type: int, nbytes: int, ranks: Sequence[int]) -> float: ...
+
+    def transfer_micros(self, src: int, dst: int, nbytes: float) -> float: ...
+
+    def group_shape(self, ranks: Sequence[int]) -> Hashable: ...
+
+    def shaped_micros(self, comm_type: int, nbytes: int, shape: Hashable) -> float: ...
 
 
 @dataclass(frozen=True)
 class NodeTimer:
     """Times the nodes of one trace set; `groups` maps a `pg_name` id to its ranks. With
-    `collectives`, communication is timed on its network as ASTRA-sim times it; else by `link`."""
+    `collectives`, communication is timed on its network by that model; else by `link`."""
 
     compute: Compute
     link: Link
     groups: Mapping[int, Sequence[int]]
     num_ranks: int
-    collectives: CollectiveModel | None = None
+    collectives: CommunicationModel | None = None
 
     def group_size(self, node: pb.Node) -> int | None:
         """How many ranks take part in a collective, or None for a group the groups file lacks."""
@@ -183,7 +176,8 @@ class NodeTimer:
                 return self.collectives.transfer_micros(attrs["comm_src"], attrs["comm_dst"], size)
             return self.link.transfer_micros(1, size)
         ranks = self.group_ranks(node) if node.type == pb.COMM_COLL_NODE else None
-        if ranks and size is not None and self.collectives is not None and attrs.get("comm_type") in TIMED:
+        if (ranks and size is not None and self.collectives is not None and isinstance(attrs.get("comm_type"), int)
+                and self.collectives.times(attrs["comm_type"])):
             return self.collectives.collective_micros(attrs["comm_type"], size, ranks)
         if ranks and size is not None and attrs.get("comm_type") in _RING:
             steps, moved = _RING[attrs["comm_type"]]

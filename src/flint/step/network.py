@@ -11,24 +11,29 @@ How ASTRA-sim routes (astra-network-analytical, congestion unaware): a message b
 travels on the lowest dimension in which their addresses differ, at that dimension's bandwidth and
 latency; a collective on a communicator group smaller than the machine runs as a ring over the
 group's members. So a group's collectives run on the dimensions its members span, and changing a
-dimension no group spans changes nothing. `flint.trace.collectives` times collectives this way.
+dimension no group spans changes nothing. `flint.step.astra_sim` times collectives this way.
 
-It lives in `trace` so that every reader of a trace (`flint timeline`, `flint simulate`, sweep)
-lays the same network over the mesh.
+The presets are the network files of `flint.step.network_files` (their `astra_sim_*` figures);
+a network also keeps its file (`cluster`), which NCCL's model (`flint.step.nccl`) times on. It
+lives in `trace` so that every reader of a trace (`flint timeline`, `flint simulate`, sweep) lays
+the same network over the mesh.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from flint.errors import FlintError
+from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, NodeTier, ScaleOut, load_network_file
 
 TOPOLOGIES = ("Ring", "Switch", "FullyConnected")
+GIB = 2**30
+"""ASTRA-sim's GB: bandwidths in its network file are GB/s of 2^30 bytes."""
 """The basic topologies of ASTRA-sim's analytical network backends."""
 
 
@@ -42,6 +47,8 @@ class Dimension:
     bandwidth_gbps: float
     latency_ns: float
     axes: tuple[str, ...] = ()
+    tier: int = field(default=0, compare=False)
+    """Which tier of the network file it lays out: 0 the node, 1 the scale-out network."""
 
     def as_json(self) -> dict:
         return {"topology": self.topology, "npus": self.npus, "bandwidth_gbps": self.bandwidth_gbps,
@@ -58,17 +65,19 @@ class Tier:
     latency_ns: float
 
 
-PRESETS: dict[str, tuple[Tier, ...]] = {
-    # ASTRA-sim's validated HGX-H100 node (8 GPUs on an NVLink switch: 400 GB/s, 936.25 ns), and a
-    # scale-out switch of one 400 Gb/s NIC per GPU (50 GB/s) at 2 µs per hop across nodes.
-    "hgx": (Tier("Switch", 8, 400.0, 936.25), Tier("Switch", None, 50.0, 2000.0)),
-    # A 72-GPU NVLink domain (GB200 NVL72: 900 GB/s per GPU), the same scale-out beyond it.
-    "nvl72": (Tier("Switch", 72, 900.0, 936.25), Tier("Switch", None, 50.0, 2000.0)),
-    # One switch over every rank at NVLink speed: communication with no slower tier.
-    "flat": (Tier("Switch", None, 400.0, 936.25),),
-}
-"""Built-in networks for `flint simulate --network`; a YAML file in ASTRA-sim's format is the
-alternative."""
+def tiers(network: NetworkFile) -> tuple[Tier, ...]:
+    """The tiers ASTRA-sim is handed for a network file: its node's switch, then the scale-out's."""
+    node = network.node
+    first = Tier("Switch", node.gpus, node.astra_sim_gbps, node.astra_sim_latency_ns)
+    out = network.scale_out
+    if out is None:
+        return (first,)
+    return first, Tier("Switch", None, out.astra_sim_gbps, out.astra_sim_latency_ns)
+
+
+PRESETS: dict[str, tuple[Tier, ...]] = {name: tiers(network) for name, network in BUILTIN_NETWORKS.items()}
+"""Built-in networks for `--network`, as ASTRA-sim's tiers; a network file (.toml) or a YAML file
+in ASTRA-sim's format is the alternative."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,8 @@ class Network:
 
     dimensions: tuple[Dimension, ...]
     name: str
+    cluster: NetworkFile | None = None
+    """The network file it was laid out from (None: one given as ASTRA-sim's dimensions)."""
 
     @property
     def npus(self) -> int:
@@ -129,17 +140,20 @@ def one_link(num_ranks: int, bandwidth_gbps: float, latency_ns: float) -> Networ
     """Every rank one hop from every other at one bandwidth and latency: `--link-gbps` and
     `--link-latency-us`."""
     dimension = Dimension("FullyConnected", num_ranks, bandwidth_gbps, latency_ns, ("ranks",))
-    return Network((dimension,), f"one link of {bandwidth_gbps:g} GB/s, {latency_ns / 1e3:g} µs")
+    name = f"one link of {bandwidth_gbps:g} GB/s, {latency_ns / 1e3:g} µs"
+    return Network((dimension,), name, _cluster_of((dimension,), name))
 
 
 def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
-    """The network `spec` (a preset name or an ASTRA-sim YAML file) for a mesh of `axes` (name and
-    size, outermost first, as the manifest records them)."""
-    if spec in PRESETS:
-        return Network(_lay_out(PRESETS[spec], axes), spec)
+    """The network `spec` (a preset name, a network file or an ASTRA-sim YAML file) for a mesh of
+    `axes` (name and size, outermost first, as the manifest records them)."""
     path = Path(spec)
+    if spec in BUILTIN_NETWORKS or path.suffix == ".toml":
+        cluster = BUILTIN_NETWORKS.get(spec) or load_network_file(path)
+        return Network(_lay_out(tiers(cluster), axes), cluster.name, cluster)
     if path.suffix not in (".yml", ".yaml"):
-        raise FlintError(f"unknown --network {spec!r}: use one of {', '.join(PRESETS)} or a .yml file")
+        raise FlintError(f"unknown --network {spec!r}: use one of {', '.join(PRESETS)}, a network file "
+                         "(.toml) or an ASTRA-sim network (.yml)")
     network = read_network(path)
     ranks = math.prod(size for _, size in axes)
     if network.npus != ranks:
@@ -166,7 +180,7 @@ def _lay_out(tiers: Sequence[Tier], axes: Sequence[tuple[str, int]]) -> tuple[Di
             if inside < size:
                 outside.append((name, size // inside))
         if npus > 1:
-            dimensions.append(Dimension(tier.topology, npus, tier.bandwidth_gbps, tier.latency_ns, tuple(names)))
+            dimensions.append(Dimension(tier.topology, npus, tier.bandwidth_gbps, tier.latency_ns, tuple(names), index))
         pending = outside
     first = tiers[0]
     return tuple(dimensions) or (Dimension(first.topology, 1, first.bandwidth_gbps, first.latency_ns),)
@@ -192,8 +206,24 @@ def read_network(path: Path) -> Network:
         if not (isinstance(npus, int) and npus >= 1 and _positive(bandwidth) and _positive(latency, zero=True)):
             raise FlintError(f"network file {path}: npus_count must be positive integers, bandwidth (GB/s) "
                              "positive and latency (ns) non-negative numbers")
-        dimensions.append(Dimension(topology, npus, float(bandwidth), float(latency)))
-    return Network(tuple(dimensions), str(path))
+        dimensions.append(Dimension(topology, npus, float(bandwidth), float(latency), tier=min(len(dimensions), 1)))
+    return Network(tuple(dimensions), str(path), _cluster_of(tuple(dimensions), str(path)))
+
+
+def _cluster_of(dimensions: Sequence[Dimension], name: str) -> NetworkFile:
+    """What NCCL's model times on for a network given as ASTRA-sim's dimensions: dimension 0 is a
+    node of NVLink-connected GPUs at its bandwidth, the others one NIC per GPU at dimension 1's."""
+    first = dimensions[0]
+    node = NodeTier(first.npus if len(dimensions) > 1 else None, "nvlink", first.bandwidth_gbps * GIB / 1e9, 16,
+                    astra_sim_gbps=first.bandwidth_gbps, astra_sim_latency_ns=first.latency_ns)
+    out = None
+    if len(dimensions) > 1:
+        second = dimensions[1]
+        out = ScaleOut(first.npus, second.bandwidth_gbps * GIB / 1e9, astra_sim_gbps=second.bandwidth_gbps,
+                       astra_sim_latency_ns=second.latency_ns)
+    return NetworkFile(name, "hopper", "other", node, out,
+                       (("network", "ASTRA-sim's dimensions: the first a node of NVLink-connected GPUs, the rest "
+                                     "one NIC per GPU; NCCL's Hopper constants"),))
 
 
 def _positive(value, zero: bool = False) -> bool:

@@ -2,7 +2,7 @@
 
 One model for every reader: `flint timeline`, `flint simulate --engine flint` (and the estimate
 beside ASTRA-sim's result) and `flint sweep` time communication here, on the network of
-`flint.trace.network` and the system keys Flint writes for ASTRA-sim (`SYSTEM`, which a
+`flint.step.network` and the system keys Flint writes for ASTRA-sim (`SYSTEM`, which a
 `--system` file may override). It follows ASTRA-sim's analytical, congestion-unaware backend:
 
 - **A message** from NPU a to NPU b travels on the lowest network dimension in which their
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flint.schema import et_def_pb2 as pb
-from flint.trace.network import Network
+from flint.step.network import GIB, Network
 
 SYSTEM: dict[str, Any] = {
     "scheduling-policy": "LIFO",
@@ -62,8 +62,6 @@ SYSTEM: dict[str, Any] = {
 """The ASTRA-sim system keys Flint writes (besides each collective's implementation, `ring` on
 every dimension, and the device's `local-mem-bw`); the model reads the same keys."""
 
-GIB = 2**30
-"""ASTRA-sim's GB: bandwidths in its network file are GB/s of 2^30 bytes."""
 
 _FINAL = {  # bytes a ring phase passes on, from the C bytes it took and its n members
     pb.ALL_REDUCE: lambda c, n: c,
@@ -98,6 +96,10 @@ class CollectiveModel:
     @property
     def endpoint_ns(self) -> float:
         return float(self.system.get("endpoint-delay", 10))
+
+    def times(self, comm_type: int) -> bool:
+        """Whether this model times a collective of `comm_type` (else it keeps its duration)."""
+        return comm_type in TIMED
 
     def unmodelled(self) -> list[str]:
         """The system keys that ask ASTRA-sim for what this model does not time: a collective
@@ -153,9 +155,9 @@ class CollectiveModel:
         """A collective of `nbytes` (Chakra's `comm_size`) over `ranks`, in µs."""
         if len(ranks) < 2 or comm_type not in TIMED:
             return 0.0
-        return self.shaped_micros(comm_type, nbytes, self.ring_shape(ranks))
+        return self.shaped_micros(comm_type, nbytes, self.group_shape(ranks))
 
-    def ring_shape(self, ranks: Sequence[int]) -> tuple | None:
+    def group_shape(self, ranks: Sequence[int]) -> tuple | None:
         """What a collective's time depends on besides its kind and size: the route of each hop of
         the ring over a group's members in rank order, or None for a group of every rank (which
         runs hierarchically over the dimensions). Groups of one shape take the same time."""
@@ -169,7 +171,7 @@ class CollectiveModel:
         return shape
 
     def shaped_micros(self, comm_type: int, nbytes: int, shape: tuple | None) -> float:
-        """A collective of `nbytes` over a group of `shape` (see `ring_shape`), in µs."""
+        """A collective of `nbytes` over a group of `shape` (see `group_shape`), in µs."""
         key = (comm_type, int(nbytes), shape)
         if key not in self._cache:
             self._cache[key] = _collective_ns(self, comm_type, int(nbytes), shape) / 1e3

@@ -1,0 +1,128 @@
+"""Flint's collectives beside NCCL's measured ones: one line per size, modelled / measured.
+
+    python bench/collectives.py [--calibration ../shared/calibration/nccl]
+                                [FILE ... --network NETWORK [--ranks N] [--nodes M]]
+
+1. The 8x H100 all_reduce_perf sample (`h100_8gpu_all_reduce_perf.txt`, in-place times) on the
+   `hgx` network, with the targets: within 15% from 16 MB to 16 GB, within 35% from 8 B to 8 MB.
+2. The published bus bandwidths of NCCL's maintainers and users (the calibration folder's
+   README): all-gather and reduce-scatter of 1 GB on 8x H100 (about 370 GB/s, target 15%); Ring
+   all-reduce (365-370 GB/s); NVLS all-reduce by GPU count; 46-48 GB/s per 400 Gb/s NIC between
+   nodes. Flint's bus bandwidth is nccl-tests': the algorithm bandwidth (bytes / time) x 2(n-1)/n
+   for an all-reduce, x (n-1)/n for an all-gather or reduce-scatter. The NVLS figures by GPU count
+   and the NIC's are numbers the hgx network file takes from these statements: their lines check
+   how the model turns them into times, not its accuracy; the all-gather, reduce-scatter and Ring
+   lines come from NCCL's NVLink bandwidth per link (topo.h) and are a check, as is the held-out
+   A100 cluster of nccl-tests issue 119 (3 nodes of 8 A100 SXM4 with 4 HDR NICs each, the
+   `hgx-a100` network with 4 NICs a node: a peak bus bandwidth of about 96 GB/s at 128 MB).
+3. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
+   headers or `--ranks` / `--nodes`.
+
+Every figure is computed in this run by Flint's model of NCCL (flint.step.nccl), as `flint
+simulate`, `flint timeline`, `flint inspect` and `flint sweep` time collectives.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from flint.analysis.calibrate_network import modelled, placement_of
+from flint.analysis.nccl_tests import read_nccl_tests
+from flint.schema import et_def_pb2 as pb
+from flint.step.nccl import NcclModel, Placement
+from flint.step.network import network_for
+from flint.step.network_files import BUILTIN_NETWORKS, load_network_file
+
+ROOT = Path(__file__).resolve().parent.parent
+GB = 10**9
+BANDS = [(16 * 2**20, 16 * 2**30, 0.15), (8, 8 * 2**20, 0.35)]
+"""(smallest, largest bytes, tolerance): the 8x H100 all-reduce targets."""
+
+
+def file_beside(path: Path, network, ranks: int | None = None, nodes: int | None = None) -> list[float]:
+    """One line per size of an nccl-tests file; the ratios."""
+    run = read_nccl_tests(path)
+    placement = placement_of(run, ranks, nodes)
+    print(f"\n{path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
+          f"network {network.name}, in place")
+    print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  Flint's choice")
+    ratios = []
+    for row in run.rows:
+        choice = modelled(network, run.comm_type, row.size, placement)
+        ratios.append(choice.micros / row.micros)
+        print(f"{row.size:>14,} {row.micros:>10,.1f} {choice.micros:>10,.1f} {ratios[-1]:>6.2f}  "
+              f"{choice.algorithm} {choice.protocol}")
+    return ratios
+
+
+def h100_all_reduce(folder: Path) -> None:
+    path = folder / "h100_8gpu_all_reduce_perf.txt"
+    run = read_nccl_tests(path)
+    ratios = file_beside(path, BUILTIN_NETWORKS["hgx"], ranks=8)
+    for low, high, tolerance in BANDS:
+        band = [r for row, r in zip(run.rows, ratios) if low <= row.size <= high]
+        worst = max(band, key=lambda r: abs(r - 1))
+        verdict = "met" if abs(worst - 1) <= tolerance else "NOT met"
+        print(f"{low:>14,} .. {high:,} B: worst ratio {worst:.2f} (target within {tolerance:.0%}): {verdict}")
+
+
+def bus_bandwidth(comm_type: int, total: int, micros: float, n: int) -> float:
+    """nccl-tests' bus bandwidth (GB/s) of `total` bytes in `micros` over `n` ranks."""
+    factor = 2 * (n - 1) / n if comm_type == pb.ALL_REDUCE else (n - 1) / n
+    return total / (micros * 1e-6) / GB * factor
+
+
+def published(network_name: str = "hgx") -> None:
+    network = BUILTIN_NETWORKS[network_name]
+    print(f"\nPublished bus bandwidths beside Flint's ({network_name})")
+    print(f"{'what':<66} {'NCCL GB/s':>10} {'Flint GB/s':>10} {'ratio':>6}")
+
+    def line(label: str, measured: float, flint: float, tolerance: float | None = None) -> None:
+        verdict = "" if tolerance is None else (
+            f"  (within {tolerance:.0%}: {'met' if abs(flint / measured - 1) <= tolerance else 'NOT met'})")
+        print(f"{label:<66} {measured:>10.0f} {flint:>10.1f} {flint / measured:>6.2f}{verdict}")
+
+    node = Placement(8, 1)
+    for kind, name in ((pb.ALL_GATHER, "all-gather"), (pb.REDUCE_SCATTER, "reduce-scatter")):
+        choice = modelled(network, kind, GB, node)
+        line(f"8x H100 {name} 1 GB ({choice.algorithm} {choice.protocol}; nccl-tests #212)", 370,
+             bus_bandwidth(kind, GB, choice.micros, 8), 0.15)
+    model = NcclModel(network_for(network_name, [("tensor", 8)]))
+    size = 16 * 2**30
+    ring = {(a, p): (lat, bw) for a, p, lat, bw in model.candidates(pb.ALL_REDUCE, size, node)}["Ring", "Simple"]
+    line("8x H100 all-reduce 16 GB, Ring (NCCL #1455: 365-370)", 367.5,
+         bus_bandwidth(pb.ALL_REDUCE, size, ring[0] + size / (ring[1] * 1e3), 8))
+    for gpus, measured in ((4, 370), (5, 420), (6, 440), (7, 460), (8, 480)):
+        choice = modelled(network, pb.ALL_REDUCE, size, Placement(gpus, 1))
+        line(f"{gpus}x H100 all-reduce 16 GB, {choice.algorithm} (NCCL #1455)", measured,
+             bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, gpus))
+    a100 = BUILTIN_NETWORKS["hgx-a100"]
+    four_nics = replace(a100, name="hgx-a100, 4 NICs", scale_out=replace(a100.scale_out, nics=4))
+    choice = modelled(four_nics, pb.ALL_REDUCE, 128 * 2**20, Placement(24, 3))
+    line(f"3 nodes x 8 A100, 4 HDR NICs each, all-reduce 128 MB, {choice.algorithm} (#119)", 96,
+         bus_bandwidth(pb.ALL_REDUCE, 128 * 2**20, choice.micros, 24), 0.15)
+    apart = Placement(2, 2)
+    choice = modelled(network, pb.ALL_REDUCE, size, apart)
+    line(f"2 nodes x 1 GPU all-reduce 16 GB, {choice.algorithm} (nccl-tests #290)", 47,
+         bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, 2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", type=Path, help="nccl-tests output files to set beside the model.")
+    parser.add_argument("--calibration", type=Path, default=ROOT.parent / "shared" / "calibration" / "nccl")
+    parser.add_argument("--network", default="hgx", help="Network of the FILEs (a built-in name or a .toml).")
+    parser.add_argument("--ranks", type=int, help="Ranks of the FILEs, where their headers do not list them.")
+    parser.add_argument("--nodes", type=int, help="Nodes of the FILEs, where their headers do not list them.")
+    args = parser.parse_args()
+    h100_all_reduce(args.calibration)
+    published()
+    network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
+    for path in args.files:
+        file_beside(path, network, args.ranks, args.nodes)
+
+
+if __name__ == "__main__":
+    main()

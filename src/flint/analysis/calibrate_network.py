@@ -1,0 +1,167 @@
+"""`flint calibrate --network`: fit a network file to measured collectives (nccl-tests output).
+
+Each run's largest size says which of the network's numbers it measures, by what NCCL's model runs
+there (`flint.step.nccl`): on one node, NVLS's bus bandwidth for that many GPUs, or else the
+node's ring bus bandwidth; across nodes, the NICs' bandwidth. That number is set so that the
+largest size takes its measured time (runs that measure one number share it: their mean). Where
+it is NVLS's, NVLS's latency is fitted too: the one (0 to 200 µs, by 0.5) that minimises the sum
+of squared log ratios of modelled to measured time over the runs' sizes, then the bandwidth again.
+NCCL's own constants (latencies per algorithm and protocol, protocol efficiencies) stay as
+tuning.cc has them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from flint.analysis.nccl_tests import NcclTestsRun
+from flint.errors import FlintError
+from flint.schema import et_def_pb2 as pb
+from flint.step.nccl import Choice, NcclModel, Placement
+from flint.step.network import Dimension, Network
+from flint.step.network_files import NetworkFile
+
+LATENCIES = [step / 2 for step in range(401)]
+"""The NVLS latencies (µs) the fit tries."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One size: measured and modelled (before and after the fit) µs, and what NCCL's model runs."""
+
+    size: int
+    measured: float
+    before: float
+    after: Choice
+
+
+@dataclass(frozen=True)
+class RunFit:
+    run: NcclTestsRun
+    placement: Placement
+    rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True)
+class NetworkFit:
+    """The fitted network, each run beside it, and what was fitted (name -> value)."""
+
+    network: NetworkFile
+    runs: tuple[RunFit, ...]
+    fitted: dict[str, float]
+
+    def as_json(self) -> dict:
+        return {
+            "network": self.network.name,
+            "fitted": self.fitted,
+            "runs": [{
+                "file": str(fit.run.path), "collective": fit.run.collective, "ranks": fit.placement.ranks,
+                "nodes": fit.placement.nodes,
+                "rows": [{"bytes": r.size, "measured_us": r.measured, "before_us": r.before,
+                          "modelled_us": r.after.micros, "algorithm": r.after.algorithm,
+                          "protocol": r.after.protocol} for r in fit.rows],
+            } for fit in self.runs],
+        }
+
+
+def modelled(network: NetworkFile, comm_type: int, size: int, placement: Placement) -> Choice:
+    """NCCL's model of one nccl-tests row: `size` bytes as nccl-tests counts them."""
+    model = NcclModel(Network((Dimension("Switch", placement.ranks, 1.0, 0.0),), network.name, network))
+    per_rank = size // placement.ranks if comm_type == pb.ALL_GATHER else size
+    return model.choose(comm_type, max(per_rank, 1), placement)
+
+
+def placement_of(run: NcclTestsRun, ranks: int | None, nodes: int | None) -> Placement:
+    """The run's ranks and nodes: the file's, else those given, else one node of ranks."""
+    count = run.ranks or ranks
+    if count is None:
+        raise FlintError(f"{run.path} does not record its ranks (no '#  Rank' lines): give --ranks")
+    if count < 2:
+        raise FlintError(f"{run.path}: {count} rank: a collective needs 2 or more")
+    return Placement(count, run.nodes or nodes or 1)
+
+
+def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str, ranks: int | None = None,
+                      nodes: int | None = None) -> NetworkFit:
+    """Fit `base`'s numbers to `runs` (see the module docstring)."""
+    placed = [(run, placement_of(run, ranks, nodes)) for run in runs]
+    by_parameter: dict[str, list[tuple[NcclTestsRun, Placement]]] = defaultdict(list)
+    for run, placement in placed:
+        by_parameter[_parameter(base, run, placement)].append((run, placement))
+    network, fitted = base, {}
+    for parameter, measured in by_parameter.items():
+        network = _fit_bandwidth(network, parameter, measured)
+        if parameter.startswith("node.nvls_bus_gbps"):
+            latency = min(LATENCIES, key=lambda us: _misfit(_set(network, "node.nvls_latency_us", us), measured))
+            network = _fit_bandwidth(_set(network, "node.nvls_latency_us", latency), parameter, measured)
+            fitted["node.nvls_latency_us"] = latency
+        fitted[parameter] = _get(network, parameter)
+    network = replace(network, name=name)
+    fits = tuple(RunFit(run, placement, tuple(
+        Row(row.size, row.micros, modelled(base, run.comm_type, row.size, placement).micros,
+            modelled(network, run.comm_type, row.size, placement)) for row in run.rows))
+        for run, placement in placed)
+    return NetworkFit(network, fits, fitted)
+
+
+def _parameter(network: NetworkFile, run: NcclTestsRun, placement: Placement) -> str:
+    """Which number a run's largest size measures."""
+    largest = max(run.rows, key=lambda row: row.size)
+    choice = modelled(network, run.comm_type, largest.size, placement)
+    if placement.nodes > 1:
+        if network.scale_out is None:
+            raise FlintError(f"{run.path} ran on {placement.nodes} nodes and network {network.name} has one: "
+                             "start from a network with a [scale_out]")
+        return "scale_out.nic_gbps"
+    if choice.algorithm == "NVLS":
+        gpus = min(math.ceil(placement.ppn), len(network.node.nvls_bus_gbps))
+        return f"node.nvls_bus_gbps[{gpus - 1}]"
+    return "node.bus_gbps"
+
+
+def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[tuple[NcclTestsRun, Placement]]
+                   ) -> NetworkFile:
+    """`parameter` set to the mean over `runs` of the value at which each largest size takes its
+    measured time (bisection: the time falls as the bandwidth grows)."""
+    values = []
+    for run, placement in runs:
+        largest = max(run.rows, key=lambda row: row.size)
+        time = _timer(network, parameter, run.comm_type, largest.size, placement)
+        low, high = 1e-3, 1e5
+        for _ in range(100):
+            middle = math.sqrt(low * high)
+            low, high = (middle, high) if time(middle) > largest.micros else (low, middle)
+        values.append(math.sqrt(low * high))
+    return _set(network, parameter, sum(values) / len(values))
+
+
+def _timer(network: NetworkFile, parameter: str, comm_type: int, size: int, placement: Placement
+           ) -> Callable[[float], float]:
+    return lambda value: modelled(_set(network, parameter, value), comm_type, size, placement).micros
+
+
+def _misfit(network: NetworkFile, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> float:
+    return sum(math.log(modelled(network, run.comm_type, row.size, placement).micros / row.micros) ** 2
+               for run, placement in runs for row in run.rows)
+
+
+def _get(network: NetworkFile, parameter: str) -> float:
+    tier, _, key = parameter.partition(".")
+    if "[" in key:
+        key, index = key.rstrip("]").split("[")
+        return getattr(getattr(network, tier), key)[int(index)]
+    return getattr(getattr(network, tier), key)
+
+
+def _set(network: NetworkFile, parameter: str, value: float) -> NetworkFile:
+    tier, _, key = parameter.partition(".")
+    part = getattr(network, tier)
+    if "[" in key:
+        key, index = key.rstrip("]").split("[")
+        table = list(getattr(part, key))
+        table[int(index)] = value
+        value = tuple(table)
+    return replace(network, **{tier: replace(part, **{key: value})})

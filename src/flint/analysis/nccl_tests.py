@@ -1,0 +1,81 @@
+"""nccl-tests output, read: the measured collectives `flint calibrate --network` fits a network to.
+
+nccl-tests (`all_reduce_perf`, `all_gather_perf`, ...) print one row per size: size (B), count,
+type, redop, root, then out-of-place time (µs), algbw, busbw, #wrong, then the same in place (older
+versions lack redop and root). Flint reads the size and the in-place time (the last group of four
+columns), the collective from the file's name or its "Collective test starting" line, and the
+ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D" lines where there are any.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from flint.errors import FlintError
+from flint.schema import et_def_pb2 as pb
+
+COLLECTIVES = {
+    "all_reduce": pb.ALL_REDUCE, "all_gather": pb.ALL_GATHER, "reduce_scatter": pb.REDUCE_SCATTER,
+    "alltoall": pb.ALL_TO_ALL, "broadcast": pb.BROADCAST,
+}
+"""nccl-tests' programs (NAME_perf) and the collectives they time."""
+_NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|broadcast)_perf")
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One size of one nccl-tests run: `size` bytes as nccl-tests counts them (an all-gather's
+    output, a reduce-scatter's input), its in-place time in µs."""
+
+    size: int
+    micros: float
+
+
+@dataclass(frozen=True)
+class NcclTestsRun:
+    """One nccl-tests output file: which collective, on how many ranks and nodes (None: not
+    recorded), and its rows."""
+
+    path: Path
+    collective: str
+    ranks: int | None
+    nodes: int | None
+    rows: tuple[Measurement, ...]
+
+    @property
+    def comm_type(self) -> int:
+        return COLLECTIVES[self.collective]
+
+
+def read_nccl_tests(path: Path) -> NcclTestsRun:
+    """One nccl-tests output file; one line saying what is wrong where it is not one."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FlintError(f"nccl-tests output {str(path)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlintError(f"cannot read nccl-tests output {str(path)!r}: {exc}") from None
+    named = _NAME.search(path.name) or _NAME.search(text)
+    if named is None:
+        raise FlintError(f"{path}: which collective? name the file after its nccl-tests program "
+                         "(all_reduce_perf.txt, all_gather_perf.txt, ...)")
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields or line.lstrip().startswith("#"):
+            continue
+        try:
+            size, micros = int(fields[0]), float(fields[-4])
+            if len(fields) < 10 or size < 0 or not micros > 0:
+                raise ValueError
+        except ValueError:
+            raise FlintError(f"{path}, line {number}: not a row of nccl-tests' table (size, count, type, ..., "
+                             f"time, algbw, busbw, #wrong): {line.strip()[:60]!r}") from None
+        rows.append(Measurement(size, micros))
+    if not rows:
+        raise FlintError(f"{path}: no rows of nccl-tests' table in it: give the output of {named[0]}")
+    ranks = {int(rank): host for rank, host in _RANK.findall(text)}
+    return NcclTestsRun(path, named[1], len(ranks) or None, len(set(ranks.values())) or None, tuple(rows))

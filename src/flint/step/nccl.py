@@ -1,0 +1,344 @@
+"""How long a collective takes as NCCL runs it: its algorithms, protocols and tuner.
+
+NCCL predicts, for each collective, size and communicator, the time of every algorithm and protocol
+it has on the machine and runs the fastest (NVIDIA/nccl src/graph/tuning.cc). Flint does the same,
+with NCCL's constants (`networks/nccl.toml`, each from tuning.cc) and the machine's bandwidths from
+its network file (`flint.step.network_files`, each with its source). For a group of N ranks on
+`nodes` nodes, ppn = N / nodes of them per node, and nBytes as NCCL counts them (the whole buffer;
+an all-gather's output, a reduce-scatter's input):
+
+    time = latency(algorithm, protocol) + nBytes / algorithm bandwidth
+
+**Bandwidths.** The bus bandwidth B of the fabric a step crosses: the node's `bus_gbps` inside one
+node; between nodes the least of it and the NICs of the group's GPUs (ppn x nics / gpus x
+nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
+
+| algorithm (when)                      | bus bandwidth                                   | algorithm bandwidth    |
+|---------------------------------------|-------------------------------------------------|------------------------|
+| Ring, LL                              | min(B / 2, llMax)                               | bus x N / steps        |
+| Ring, LL128                           | min(0.92 B, channels x ringLL128 per channel)   | bus x N / steps        |
+| Ring, Simple                          | B                                               | bus x N / steps        |
+| Tree (all-reduce, > 1 node)           | min(0.92 B, channels x tree per channel), then  | bus / 2, x NCCL's tree |
+|                                       | LL: min(x / 3.8, llMax); LL128: min(x 120/128,  | correction by size     |
+|                                       | channels x treeLL128 per channel)               |                        |
+| NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps        |
+| NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps        |
+|                                       | channels x NVLS-tree per channel)               |                        |
+| CollNet Direct (all-reduce, SHARP)    | 0.85 B                                          | bus / 2                |
+| PAT (all-gather, reduce-scatter,      | 0.75 B                                          | bus                    |
+| one GPU per node)                     |                                                 |                        |
+
+steps = 2(N-1) for an all-reduce, N-1 for an all-gather or reduce-scatter, N for a broadcast:
+so nccl-tests' bus bandwidth of a ring is B.
+
+**Latencies** (base[a][p] + hops; intra = hwLat[nvlink or pci][a][p], inter = hwLat[net][a][p] +
+latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU per node):
+
+- Ring: base + (steps - inter steps) x max(intra, net overhead (x3 for Simple) across nodes) +
+  inter steps x inter, with inter steps 2(nodes-1) for an all-reduce, nodes-1 otherwise; a
+  broadcast pays one hop; a Simple all-reduce across nodes of at least 64 B per channel and rank
+  pays its latency 1.4 times (the ring's plateau).
+- Tree: base + 2((ppn-1) intra + log2(nodes) inter).
+- NVLS: the node's `nvls_latency_us` (+ inter across nodes); NVLS-Tree: that + 2 log2(nodes) inter.
+- CollNet Direct: base + 2(min(1, ppn-1) intra + 0.4 (ppn-1)) + inter.
+- PAT: base + log2(nodes) inter / 3.5 + 2.8 N.
+
+Which exist (tuning.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with NVLink SHARP,
+across nodes only with SHARP in the network (as CollNet Direct); LL128 from Hopper on (on NVLink
+before); PAT with one GPU per node; broadcast on the ring only.
+
+**All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
+transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
+nodes through the NICs (per GPU: nics / gpus x nic_gbps), those for the node over its links (B),
+both at once: a SEND/RECV of S bytes moves S, an all-to-all of S bytes per rank (S / N to each
+member) moves S (N - ppn) / N between nodes and S (ppn - 1) / N inside.
+
+Concurrent collectives do not slow each other down (NCCL's model does not model it either).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+
+import tomllib
+
+from flint.schema import et_def_pb2 as pb
+from flint.step.network import Network
+from flint.step.network_files import CONSTANTS, FOLDER, NetworkFile
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLS-Tree", "CollNet", "PAT")
+_KEYS = {"Ring": "ring", "Tree": "tree", "NVLS": "nvls", "NVLS-Tree": "nvls_tree", "CollNet": "collnet_direct",
+         "PAT": "pat"}
+TIMED = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST})
+"""The collectives this model times (every one Chakra names)."""
+
+
+def _constants() -> dict:
+    return tomllib.loads((resources.files(__package__) / FOLDER / CONSTANTS).read_text())
+
+
+NCCL = _constants()
+"""NCCL's tuner constants (`networks/nccl.toml`)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What NCCL runs for one collective: the algorithm, the protocol and the time (µs)."""
+
+    algorithm: str
+    protocol: str
+    micros: float
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A group as NCCL sees it: its ranks, and on how many nodes."""
+
+    ranks: int
+    nodes: int
+
+    @property
+    def ppn(self) -> float:
+        return self.ranks / self.nodes
+
+
+@dataclass(frozen=True, eq=False)
+class NcclModel:
+    """Communication times as NCCL's tuner would pick them on `network` (laid over the mesh; its
+    file, `network.cluster`, holds the bandwidths). See the module docstring."""
+
+    network: Network
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def cluster(self) -> NetworkFile:
+        assert self.network.cluster is not None
+        return self.network.cluster
+
+    def unmodelled(self) -> list[str]:
+        return []
+
+    def times(self, comm_type: int) -> bool:
+        return comm_type in TIMED
+
+    # -- where a group's ranks are ---------------------------------------------------------------
+
+    @property
+    def node_ranks(self) -> int:
+        """How many consecutive ranks share a node (the dimensions laid out for the node tier)."""
+        return math.prod(d.npus for d in self.network.dimensions if d.tier == 0)
+
+    def group_shape(self, ranks: Sequence[int]) -> Placement:
+        """What a collective's time depends on besides its kind and size: the group's size and
+        how many nodes it spans. Groups of one shape take the same time."""
+        key = ("shape", ranks if isinstance(ranks, tuple) else tuple(ranks))
+        if key not in self._cache:
+            per_node = self.node_ranks
+            self._cache[key] = Placement(len(ranks), len({rank // per_node for rank in key[1]}))
+        return self._cache[key]
+
+    # -- timing --------------------------------------------------------------------------------
+
+    def collective_micros(self, comm_type: int, nbytes: int, ranks: Sequence[int]) -> float:
+        """A collective of `nbytes` (Chakra's `comm_size`) over `ranks`, in µs."""
+        if len(ranks) < 2 or comm_type not in TIMED:
+            return 0.0
+        return self.shaped_micros(comm_type, nbytes, self.group_shape(ranks))
+
+    def shaped_micros(self, comm_type: int, nbytes: int, shape: Placement) -> float:
+        key = (comm_type, int(nbytes), shape)
+        if key not in self._cache:
+            self._cache[key] = self.choose(comm_type, int(nbytes), shape).micros
+        return self._cache[key]
+
+    def transfer_micros(self, src: int, dst: int, nbytes: float) -> float:
+        """A SEND/RECV of `nbytes` from rank `src` to `dst`, in µs."""
+        per_node = self.node_ranks
+        apart = src // per_node != dst // per_node
+        latency = self._p2p_latency(apart)
+        bandwidth = self._nic_share() if apart else self.cluster.node.bus_gbps
+        return latency + nbytes / (bandwidth * 1e3)
+
+    def choose(self, comm_type: int, nbytes: int, shape: Placement) -> Choice:
+        """NCCL's choice for a collective of Chakra's `comm_type` and `nbytes` over a group of
+        `shape`: the fastest of what the machine has."""
+        if comm_type == pb.ALL_TO_ALL:
+            return Choice("P2P", "Simple", self._all_to_all(nbytes, shape))
+        total = nbytes * shape.ranks if comm_type == pb.ALL_GATHER else nbytes
+        options = [Choice(a, p, lat + total / (bw * 1e3))
+                   for a, p, lat, bw in self.candidates(comm_type, total, shape) if bw > 0]
+        return min(options, key=lambda c: c.micros)
+
+    def candidates(self, comm_type: int, total: int, shape: Placement) -> list[tuple[str, str, float, float]]:
+        """(algorithm, protocol, latency µs, algorithm bandwidth GB/s) of everything NCCL can run
+        for this collective of `total` bytes (as NCCL counts them) on this group."""
+        found = []
+        for algorithm in self._algorithms(comm_type, shape):
+            for protocol in PROTOCOLS:
+                if algorithm in ("NVLS", "NVLS-Tree", "CollNet", "PAT") and protocol != "Simple":
+                    continue
+                if protocol == "LL128" and not self._ll128():
+                    continue
+                bus = self._bus(algorithm, protocol, shape)
+                bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape)
+                found.append((algorithm, protocol, self._latency(algorithm, protocol, comm_type, total, shape),
+                              bandwidth))
+        return found
+
+    # -- which algorithms exist ------------------------------------------------------------------
+
+    def _algorithms(self, comm_type: int, shape: Placement) -> list[str]:
+        cluster, many = self.cluster, shape.nodes > 1
+        sharp = cluster.scale_out is not None and cluster.scale_out.sharp
+        if comm_type == pb.BROADCAST:
+            return ["Ring"]
+        if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):
+            return ["Ring"] + (["PAT"] if many and shape.ppn == 1 else [])
+        found = ["Ring"]
+        if many:
+            found.append("Tree")
+        if cluster.node.nvls and shape.ppn > 1 and (not many or sharp):
+            found.append("NVLS")
+        if cluster.node.nvls and many and shape.ppn > 1:
+            found.append("NVLS-Tree")
+        if many and sharp:
+            found.append("CollNet")
+        return found
+
+    def _ll128(self) -> bool:
+        arch = NCCL["architecture"][self.cluster.architecture]
+        return arch["ll128_default"] or self.cluster.node.link == "nvlink"
+
+    # -- bandwidths --------------------------------------------------------------------------------
+
+    def _nic_share(self) -> float:
+        """Scale-out GB/s per GPU: its node's NICs shared by the node's GPUs."""
+        out, node = self.cluster.scale_out, self.cluster.node
+        if out is None:
+            return node.bus_gbps
+        return out.nics * out.nic_gbps / (node.gpus or 1)
+
+    def _fabric(self, shape: Placement) -> float:
+        """B: the bus bandwidth of the slowest fabric the group's rings cross."""
+        node = self.cluster.node.bus_gbps
+        if shape.nodes == 1:
+            return node
+        return min(node, shape.ppn * self._nic_share())
+
+    def _column(self, shape: Placement) -> int:
+        return min(shape.nodes, 3) - 1
+
+    def _bus(self, algorithm: str, protocol: str, shape: Placement) -> float:
+        arch = NCCL["architecture"][self.cluster.architecture]
+        column, channels = self._column(shape), self.cluster.node.channels
+        if shape.nodes == 1:
+            ll_max = arch["ll_max_gbps"][0]
+        else:
+            ll_max = NCCL["multi_node_ll_max_gbps"][self.cluster.cpu][column - 1]
+        fabric = self._fabric(shape)
+        if algorithm == "Ring":
+            if protocol == "LL":
+                return min(ll_max, fabric * 0.5)
+            if protocol == "LL128":
+                return min(fabric * 0.92, channels * arch["ring_ll128_per_channel_gbps"][column])
+            return fabric
+        if algorithm == "Tree":
+            bus = min(fabric * 0.92, channels * arch["tree_per_channel_gbps"][column])
+            if protocol == "LL":
+                return min(bus / 3.8, ll_max)
+            if protocol == "LL128":
+                return min(bus * 120 / 128, channels * arch["tree_ll128_per_channel_gbps"][column])
+            return bus
+        nvls = self.cluster.node.nvls_bus(shape.ppn) if self.cluster.node.nvls else 0.0
+        if algorithm == "NVLS":
+            return nvls if shape.nodes == 1 else min(nvls, shape.ppn * self._nic_share())
+        if algorithm == "NVLS-Tree":
+            nics = shape.ppn * self._nic_share() * (2 if shape.nodes <= 2 else 1)
+            return min(nvls, nics, channels * arch["nvls_tree_per_channel_gbps"][column])
+        if algorithm == "CollNet":
+            return fabric * 0.85
+        return fabric * 0.75  # PAT
+
+    def _algorithm_bandwidth(self, bus: float, algorithm: str, protocol: str, comm_type: int, total: int,
+                             shape: Placement) -> float:
+        if algorithm in ("Ring", "NVLS", "NVLS-Tree"):
+            bandwidth = bus * shape.ranks / _steps(comm_type, shape.ranks)
+        elif algorithm == "PAT":
+            bandwidth = bus
+        else:
+            bandwidth = bus * 0.5
+        if algorithm == "Tree":
+            log_size = int(math.log2(total >> 6)) if total >= 64 else -1
+            factors = NCCL["tree_correction"][protocol.lower()]
+            if 0 <= log_size < 23:
+                bandwidth *= factors[log_size]
+        return bandwidth
+
+    # -- latencies ---------------------------------------------------------------------------------
+
+    def _latency(self, algorithm: str, protocol: str, comm_type: int, total: int, shape: Placement) -> float:
+        key, p = _KEYS[algorithm], PROTOCOLS.index(protocol)
+        base = NCCL["base_latency_us"][key][p]
+        hops = NCCL["hop_latency_us"]
+        intra = hops[self.cluster.node.link][key][p]
+        inter = self._inter(key, p, shape)
+        n, nodes, ppn = shape.ranks, shape.nodes, shape.ppn
+        if algorithm == "Ring":
+            steps = _steps(comm_type, n)
+            if comm_type == pb.BROADCAST:
+                return base + (hops["net"][key][p] if nodes > 1 else intra)
+            if nodes > 1:
+                overhead = NCCL["net_overhead_us"][self.cluster.cpu] * (3 if protocol == "Simple" else 1)
+                intra = max(intra, overhead)
+            inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if comm_type == pb.ALL_REDUCE else nodes - 1
+            latency = base + (steps - inter_steps) * intra + inter_steps * inter
+            channels = self.cluster.node.channels
+            if (protocol == "Simple" and nodes > 1 and comm_type == pb.ALL_REDUCE
+                    and total / (channels * n) >= 64):
+                latency *= 1.4
+            return latency
+        log_nodes = int(math.log2(nodes))
+        if algorithm == "Tree":
+            return base + 2 * ((ppn - 1) * intra + log_nodes * inter)
+        if algorithm == "NVLS":
+            return self.cluster.node.nvls_latency_us + (inter if nodes > 1 else 0.0)
+        if algorithm == "NVLS-Tree":
+            return base + self.cluster.node.nvls_latency_us + 2 * log_nodes * inter
+        if algorithm == "CollNet":
+            return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
+        return base + log_nodes * inter / 3.5 + n * 2.8  # PAT
+
+    def _inter(self, key: str, p: int, shape: Placement) -> float:
+        """One step between nodes: NCCL's network hop for the algorithm (the Tree's with one GPU
+        per node) and the network's latency (twice for Simple, which flushes)."""
+        hops = NCCL["hop_latency_us"]["net"]
+        inter = hops["tree" if shape.ppn == 1 else key][p]
+        network = self.cluster.scale_out.latency_us if self.cluster.scale_out else 0.0
+        return inter + network * (2 if PROTOCOLS[p] == "Simple" else 1)
+
+    def _p2p_latency(self, apart: bool) -> float:
+        simple = PROTOCOLS.index("Simple")
+        hops = NCCL["hop_latency_us"]
+        latency = NCCL["base_latency_us"]["ring"][simple] + hops[self.cluster.node.link]["ring"][simple]
+        if apart:
+            latency += self._inter("ring", simple, Placement(2, 2))
+        return latency
+
+    def _all_to_all(self, nbytes: int, shape: Placement) -> float:
+        n, ppn = shape.ranks, shape.ppn
+        inside = nbytes * (ppn - 1) / n / (self.cluster.node.bus_gbps * 1e3)
+        outside = nbytes * (n - ppn) / n / (self._nic_share() * 1e3) if shape.nodes > 1 else 0.0
+        return self._p2p_latency(shape.nodes > 1) + max(inside, outside)
+
+
+def _steps(comm_type: int, n: int) -> int:
+    """NCCL's nsteps: what a ring's bus bandwidth is converted to the algorithm's by (n / steps)."""
+    if comm_type == pb.ALL_REDUCE:
+        return 2 * (n - 1)
+    if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):
+        return n - 1
+    return n

@@ -1,0 +1,215 @@
+"""Network files: a cluster's fabric, each number with its source, as device files are for GPUs.
+
+A network file (TOML; the built-in ones are `networks/*.toml`) describes two tiers:
+
+- `[node]`: the GPUs that share a scale-up fabric (`gpus`; absent: every rank), its `link` (nvlink
+  or pci: NCCL's latency class), the bus bandwidth NCCL's rings reach (`bus_gbps`, GB/s of 10^9
+  bytes), its `channels`, and where the switches reduce in the network (NVLink SHARP, NCCL's NVLS)
+  the all-reduce bus bandwidth by GPUs in the node (`nvls_bus_gbps`, 1, 2, ... GPUs; the last entry
+  holds for more) and the NVLS latency;
+- `[scale_out]` (absent: one node): `nics` per node at `nic_gbps` each, a network latency
+  (`latency_us`, NCCL's `latencyInter`), and `sharp` where the scale-out switches reduce (CollNet).
+
+`architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other) pick NCCL's constants
+(`networks/nccl.toml`). Each tier also gives the link bandwidth and hop latency ASTRA-sim's
+analytical backend is handed (`astra_sim_gbps`, `astra_sim_latency_ns`): `flint.step.network`
+lays those out over the mesh. `flint calibrate --network` writes a file of this form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+import tomllib
+
+from flint.errors import FlintError
+
+FOLDER = "networks"
+CONSTANTS = "nccl.toml"
+"""NCCL's constants, beside the network files and not one of them."""
+ARCHITECTURES = ("ampere", "hopper", "blackwell")
+CPUS = ("intel", "amd", "other")
+LINKS = ("nvlink", "pci")
+
+
+@dataclass(frozen=True)
+class NodeTier:
+    """The GPUs of one node and their fabric (see the module docstring); `gpus` None: every rank."""
+
+    gpus: int | None
+    link: str
+    bus_gbps: float
+    channels: int
+    nvls_bus_gbps: tuple[float, ...] = ()
+    nvls_latency_us: float = 0.0
+    astra_sim_gbps: float = 400.0
+    astra_sim_latency_ns: float = 936.25
+
+    @property
+    def nvls(self) -> bool:
+        return bool(self.nvls_bus_gbps)
+
+    def nvls_bus(self, gpus: float) -> float:
+        """NVLS all-reduce bus bandwidth for `gpus` GPUs of one node."""
+        table = self.nvls_bus_gbps
+        return table[max(0, min(len(table), math.ceil(gpus)) - 1)]
+
+
+@dataclass(frozen=True)
+class ScaleOut:
+    """The network between nodes: `nics` per node of `nic_gbps` each."""
+
+    nics: int
+    nic_gbps: float
+    latency_us: float = 0.0
+    sharp: bool = False
+    astra_sim_gbps: float = 50.0
+    astra_sim_latency_ns: float = 2000.0
+
+
+@dataclass(frozen=True)
+class NetworkFile:
+    """A cluster's fabric: its node, the network between nodes (None: one node), NCCL's constants'
+    `architecture` and `cpu`, and each number's source."""
+
+    name: str
+    architecture: str
+    cpu: str
+    node: NodeTier
+    scale_out: ScaleOut | None = None
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def with_sources(self, **sources: str) -> NetworkFile:
+        return replace(self, sources=tuple(sorted({**dict(self.sources), **sources}.items())))
+
+
+def _builtin() -> dict[str, NetworkFile]:
+    folder = resources.files(__package__) / FOLDER
+    found = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml") and entry.name != CONSTANTS:
+            network = parse_network(tomllib.loads(entry.read_text()), entry.name)
+            found[network.name] = network
+    return found
+
+
+def load_network_file(path: Path) -> NetworkFile:
+    """A user's network file (.toml)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FlintError(f"network file {str(path)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlintError(f"cannot read network file {str(path)!r}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FlintError(f"network file {str(path)!r} is not valid TOML: {exc}") from None
+    return parse_network(data, str(path))
+
+
+def parse_network(data: dict, origin: str) -> NetworkFile:
+    """A network from a file's table, each number checked; one line where one is wrong."""
+    try:
+        node = data["node"]
+        if not isinstance(node, dict):
+            raise TypeError("node is not a table")
+        tier = NodeTier(
+            gpus=_count(node, "gpus") if "gpus" in node else None,
+            link=_choice(node, "link", LINKS, "nvlink"),
+            bus_gbps=_number(node, "bus_gbps", positive=True),
+            channels=_count(node, "channels") if "channels" in node else 16,
+            nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
+            nvls_latency_us=_number(node, "nvls_latency_us", default=0.0),
+            astra_sim_gbps=_number(node, "astra_sim_gbps", positive=True, default=400.0),
+            astra_sim_latency_ns=_number(node, "astra_sim_latency_ns", default=936.25),
+        )
+        out = data.get("scale_out")
+        scale_out = None
+        if out is not None:
+            if not isinstance(out, dict):
+                raise TypeError("scale_out is not a table")
+            scale_out = ScaleOut(
+                nics=_count(out, "nics"),
+                nic_gbps=_number(out, "nic_gbps", positive=True),
+                latency_us=_number(out, "latency_us", default=0.0),
+                sharp=bool(out.get("sharp", False)),
+                astra_sim_gbps=_number(out, "astra_sim_gbps", positive=True, default=50.0),
+                astra_sim_latency_ns=_number(out, "astra_sim_latency_ns", default=2000.0),
+            )
+        if tier.gpus is None and scale_out is not None:
+            raise ValueError("a [scale_out] needs node.gpus: how many GPUs share a node")
+        network = NetworkFile(
+            name=str(data["name"]),
+            architecture=_choice(data, "architecture", ARCHITECTURES, "hopper"),
+            cpu=_choice(data, "cpu", CPUS, "other"),
+            node=tier,
+            scale_out=scale_out,
+            sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FlintError(f"network file {origin!r} is not valid: it needs name and [node] bus_gbps "
+                         f"({type(exc).__name__}: {exc})") from None
+    return network
+
+
+def network_toml(network: NetworkFile, header: str) -> str:
+    """The file of `network`, as `parse_network` reads it back."""
+    node, out = network.node, network.scale_out
+    lines = [f"# {header}", f'name = "{network.name}"', f'architecture = "{network.architecture}"',
+             f'cpu = "{network.cpu}"', "", "[node]"]
+    if node.gpus is not None:
+        lines.append(f"gpus = {node.gpus}")
+    lines += [f'link = "{node.link}"', f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
+    if node.nvls:
+        lines += [f"nvls_bus_gbps = [{', '.join(f'{v:g}' for v in node.nvls_bus_gbps)}]",
+                  f"nvls_latency_us = {node.nvls_latency_us:g}"]
+    lines += [f"astra_sim_gbps = {node.astra_sim_gbps:g}", f"astra_sim_latency_ns = {node.astra_sim_latency_ns:g}"]
+    if out is not None:
+        lines += ["", "[scale_out]", f"nics = {out.nics}", f"nic_gbps = {out.nic_gbps:g}",
+                  f"latency_us = {out.latency_us:g}", f"sharp = {'true' if out.sharp else 'false'}",
+                  f"astra_sim_gbps = {out.astra_sim_gbps:g}", f"astra_sim_latency_ns = {out.astra_sim_latency_ns:g}"]
+    if network.sources:
+        lines += ["", "[sources]"] + [f'"{key}" = {_quoted(value)}' for key, value in network.sources]
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _number(table: dict, key: str, positive: bool = False, default: float | None = None) -> float:
+    if key not in table and default is not None:
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{key} is {value!r}, not a number")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{key} is {value!r}, not {'positive' if positive else 'at least 0'}")
+    return float(value)
+
+
+def _numbers(table: dict, key: str) -> list[float]:
+    values = table.get(key, [])
+    if not isinstance(values, list):
+        raise TypeError(f"{key} is {values!r}, not a list of numbers")
+    return [_number({key: v}, key, positive=True) for v in values]
+
+
+def _count(table: dict, key: str) -> int:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} is {value!r}, not a positive integer")
+    return value
+
+
+def _choice(table: dict, key: str, choices: tuple[str, ...], default: str) -> str:
+    value = table.get(key, default)
+    if value not in choices:
+        raise ValueError(f"{key} is {value!r}, not one of {', '.join(choices)}")
+    return value
+
+
+BUILTIN_NETWORKS: dict[str, NetworkFile] = _builtin()
+"""The networks of the files in `networks/`, by name: `--network NAME`."""

@@ -1,0 +1,74 @@
+"""`flint calibrate --network`: a network fitted to nccl-tests output, on synthetic files whose
+times follow NCCL's model of a known machine, by hand.
+
+An 8-GPU node all-reducing with NVLS at 400 GB/s bus bandwidth after 60 µs: S bytes take 60 + S /
+(400 x 8 / 14 x 10^3) µs (NCCL's algorithm bandwidth is the bus's times N / 2(N-1)). An all-gather
+on a ring of 300 GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple latency on NVLink) + S /
+(300 x 8 / 7 x 10^3).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import flint
+
+from flint.step.network import network_for
+from flint.step.network_files import load_network_file
+
+SIZES = [2**k for k in range(26, 35)]  # 64 MiB .. 16 GiB: where NVLS runs
+HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
+
+
+def nccl_tests(path, program: str, times: dict[int, float]):
+    rows = "".join(f"{size:>12} {size // 4:>12} float sum -1 {t:9.1f} 0.0 0.0 0 {t:9.1f} 0.0 0.0 0\n"
+                   for size, t in times.items())
+    path.write_text(f"# nThread 1 nGpus 1 minBytes 8 maxBytes 17179869184 step: 2(factor)\n# {program}\n"
+                    f"{HEADER}#\n#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+                    f"{rows}# Avg bus bandwidth    : 0\n")
+    return path
+
+
+def test_nvls_bandwidth_and_latency_are_recovered(tmp_path):
+    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    out = tmp_path / "fitted.toml"
+    run = flint("calibrate", "--network", "hgx", measured, "-o", out, "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"]["node.nvls_latency_us"] == pytest.approx(60, abs=0.5)
+    assert fit["fitted"]["node.nvls_bus_gbps[7]"] == pytest.approx(400, rel=0.005)
+    assert [r["ranks"] for r in fit["runs"]] == [8]  # from the file's Rank lines
+    for row in fit["runs"][0]["rows"]:
+        assert row["algorithm"] == "NVLS" and row["modelled_us"] == pytest.approx(row["measured_us"], rel=0.01)
+    network = load_network_file(out)
+    assert network.name == "hgx-calibrated" and network.node.nvls_bus_gbps[7] == pytest.approx(400, rel=0.005)
+    assert "flint calibrate --network hgx on all_reduce_perf.txt" in dict(network.sources)["node.nvls_latency_us"]
+    network_for(str(out), [("tensor", 8)])  # usable as --network
+
+
+def test_a_ring_bandwidth_is_recovered_from_an_all_gather(tmp_path):
+    times = {size: 8.4 + 7 * 3.4 + size / (300 * 8 / 7 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / "ag.txt", "all_gather_perf", times)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["fitted"] == {"node.bus_gbps": pytest.approx(300, rel=0.001)}
+    text = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
+    assert "all_gather, 8 ranks on 1 node" in text.stdout and "Ring Simple" in text.stdout
+
+
+def test_a_malformed_file_is_one_line(tmp_path):
+    bad = tmp_path / "all_reduce_perf.txt"
+    bad.write_text("#  size count type\n        8   2  float  sum  -1  13.67  0.00\n")
+    run = flint("calibrate", "--network", "hgx", bad, "--ranks", "8", "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "line 2: not a row of nccl-tests' table" in run.stderr
+    unnamed = tmp_path / "results.txt"
+    unnamed.write_text("8 2 float sum -1 13.67 0.00 0.00 0 13.03 0.00 0.00 0\n")
+    run = flint("calibrate", "--network", "hgx", unnamed, "--ranks", "8", "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and "which collective?" in run.stderr
+    no_ranks = tmp_path / "all_gather_perf.txt"
+    no_ranks.write_text("8 2 float none -1 13.67 0.00 0.00 0 13.03 0.00 0.00 0\n")
+    run = flint("calibrate", "--network", "hgx", no_ranks, "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and "give --ranks" in run.stderr and not (tmp_path / "f.toml").exists()

@@ -1,0 +1,169 @@
+"""Collectives as NCCL runs them (`flint.step.nccl`), derived by hand from NCCL's cost model.
+
+Constants from NVIDIA/nccl src/graph/tuning.cc (Hopper, Intel CPU): base latencies Ring
+LL/LL128/Simple 6.6 / 14.0 / 8.4 µs, Tree 6.8 / 14.0 / 8.4; NVLink hops Ring 0.6 / 1.9 / 3.4, Tree
+0.6 / 1.25 / 4.0; network hops Tree 5.0 / 8.5 / 14, NVLS-Tree 20.9, CollNet Direct 31; LL at most
+141 GB/s on one node, 39 GB/s on two (Intel); per channel: Ring LL128 36.7, Tree 41.4 (2 nodes),
+NVLS-Tree 57.7 (2 nodes). The hgx network: 8 GPUs per node, ring bus bandwidth 370.8 GB/s, 16
+channels, NVLS 480 GB/s at 8 GPUs and 81.5 µs, eight 47 GB/s NICs per node, no network latency.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import flint
+from test_collectives import one_collective
+
+from flint.errors import FlintError
+from flint.schema import et_def_pb2 as pb
+from flint.step.nccl import NcclModel, Placement
+from flint.step.network import network_for
+
+MIB, GIB = 2**20, 2**30
+NODE = NcclModel(network_for("hgx", [("tensor", 8)]))
+TWO_NODES = NcclModel(network_for("hgx", [("data", 2), ("tensor", 8)]))
+
+
+def candidate(model: NcclModel, kind: int, total: int, shape: Placement, algorithm: str, protocol: str):
+    """(latency µs, algorithm bandwidth GB/s) of one algorithm and protocol."""
+    found = {(a, p): (lat, bw) for a, p, lat, bw in model.candidates(kind, total, shape)}
+    return found[algorithm, protocol]
+
+
+def test_a_tiny_all_reduce_on_one_node_is_ring_ll():
+    """8 B: Ring LL, 6.6 + 14 steps x 0.6 = 15.0 µs; bandwidth min(141, 370.8 / 2) x 8 / 14."""
+    choice = NODE.choose(pb.ALL_REDUCE, 8, Placement(8, 1))
+    assert (choice.algorithm, choice.protocol) == ("Ring", "LL")
+    assert choice.micros == pytest.approx(15.0 + 8 / (141 * 8 / 14 * 1e3))
+
+
+def test_four_mib_is_ring_ll128():
+    """4 MiB: LL128, 14.0 + 14 x 1.9 = 40.6 µs at min(0.92 x 370.8, 16 x 36.7) x 8 / 14 GB/s =
+    62.1 µs, before LL (67.1), Simple (75.8) and NVLS (96.8)."""
+    choice = NODE.choose(pb.ALL_REDUCE, 4 * MIB, Placement(8, 1))
+    assert (choice.algorithm, choice.protocol) == ("Ring", "LL128")
+    assert choice.micros == pytest.approx(40.6 + 4 * MIB / (0.92 * 370.8 * 8 / 14 * 1e3))
+    simple = candidate(NODE, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "Simple")
+    assert simple == pytest.approx((8.4 + 14 * 3.4, 370.8 * 8 / 14))
+
+
+def test_a_large_all_reduce_on_one_node_is_nvls():
+    """1 GiB: NVLS, 81.5 µs and 480 GB/s bus bandwidth, x 8 / 14 for the algorithm's."""
+    choice = NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
+    assert (choice.algorithm, choice.protocol) == ("NVLS", "Simple")
+    assert choice.micros == pytest.approx(81.5 + GIB / (480 * 8 / 14 * 1e3))
+    # with four GPUs of the node, NVLS reaches 370 GB/s
+    four = candidate(NODE, pb.ALL_REDUCE, GIB, Placement(4, 1), "NVLS", "Simple")
+    assert four == pytest.approx((81.5, 370 * 4 / 6))
+
+
+def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
+    """1 GiB gathered over 8 (128 MiB per rank): Ring Simple, 8.4 + 7 x 3.4 = 32.2 µs at 370.8 x
+    8 / 7 GB/s: nccl-tests' bus bandwidth (algorithm bandwidth x 7 / 8) just under 370.8 GB/s."""
+    micros = NODE.collective_micros(pb.ALL_GATHER, GIB // 8, range(8))
+    assert micros == pytest.approx(32.2 + GIB / (370.8 * 8 / 7 * 1e3))
+    assert NODE.collective_micros(pb.REDUCE_SCATTER, GIB, range(8)) == pytest.approx(micros)
+    assert GIB / micros / 1e3 * 7 / 8 == pytest.approx(366.1, abs=0.1)
+
+
+def test_across_two_nodes_small_all_reduces_take_the_tree():
+    """16 ranks on 2 nodes, 8 B: Tree LL, 6.8 + 2 (7 x 0.6 + 1 x 5.0) = 25.2 µs, at LL's 39 GB/s
+    limit for two nodes, halved; 1 MiB: Tree LL128, 14.0 + 2 (7 x 1.25 + 8.5) = 48.5 µs at
+    min(0.92 x 370.8 x 120 / 128, 16 x 36.7) / 2, x NCCL's tree correction for 2^14 x 64 B (0.6)."""
+    shape = TWO_NODES.group_shape(range(16))
+    assert shape == Placement(16, 2)
+    tiny = TWO_NODES.choose(pb.ALL_REDUCE, 8, shape)
+    assert (tiny.algorithm, tiny.protocol) == ("Tree", "LL")
+    assert tiny.micros == pytest.approx(25.2 + 8 / (39.0 / 2 * 1e3))
+    mib = TWO_NODES.choose(pb.ALL_REDUCE, MIB, shape)
+    assert (mib.algorithm, mib.protocol) == ("Tree", "LL128")
+    assert mib.micros == pytest.approx(48.5 + MIB / (0.92 * 370.8 * 120 / 128 / 2 * 0.6 * 1e3))
+
+
+def test_across_two_nodes_large_all_reduces_take_nvls_tree():
+    """1 GiB on 2 nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(480, 2 x 8 x 47, 16 x 57.7)
+    x 16 / 30 GB/s."""
+    choice = TWO_NODES.choose(pb.ALL_REDUCE, GIB, Placement(16, 2))
+    assert (choice.algorithm, choice.protocol) == ("NVLS-Tree", "Simple")
+    assert choice.micros == pytest.approx(123.3 + GIB / (480 * 16 / 30 * 1e3))
+
+
+def test_a_ring_across_nodes_pays_the_network_per_step_and_the_nics():
+    """Ring Simple on 2 nodes, 1 GiB: 30 steps, 2 of them between nodes: 8.4 + 28 x max(3.4, 3 x
+    1.0) + 2 x 14 = 131.6 µs, x 1.4 for the ring's plateau; bus bandwidth min(370.8, 8 x 47)."""
+    latency, bandwidth = candidate(TWO_NODES, pb.ALL_REDUCE, GIB, Placement(16, 2), "Ring", "Simple")
+    assert latency == pytest.approx((8.4 + 28 * 3.4 + 2 * 14) * 1.4)
+    assert bandwidth == pytest.approx(370.8 * 16 / 30)
+    # one GPU per node (a data-parallel group across 2 nodes): one NIC's 47 GB/s
+    _, one_nic = candidate(TWO_NODES, pb.ALL_REDUCE, GIB, TWO_NODES.group_shape([3, 11]), "Ring", "Simple")
+    assert one_nic == pytest.approx(47 * 2 / 2)
+
+
+def test_many_nodes_keep_a_small_all_reduce_to_tens_of_microseconds():
+    """32 nodes of 8, 8 B: Tree LL, 6.8 + 2 (7 x 0.6 + log2(32) x 5.0) = 65.2 µs (a ring's 510
+    steps would take 6.6 + 448 x 1.0 + 62 x 2.7 = 622 µs)."""
+    model = NcclModel(network_for("hgx", [("data", 32), ("tensor", 8)]))
+    choice = model.choose(pb.ALL_REDUCE, 8, model.group_shape(range(256)))
+    assert (choice.algorithm, choice.protocol) == ("Tree", "LL")
+    assert choice.micros == pytest.approx(65.2, abs=0.01)
+    ring, _ = candidate(model, pb.ALL_REDUCE, 8, Placement(256, 32), "Ring", "LL")
+    assert ring == pytest.approx(6.6 + 448 * 1.0 + 62 * 2.7)
+
+
+def test_collnet_where_the_network_switches_reduce(tmp_path):
+    """With SHARP in the scale-out network, 4 nodes of 8: CollNet Direct, 2 (min(1, 7) x 3.7 + 7 x
+    0.4) + 31 = 44.0 µs, at 0.85 x min(370.8, 8 x 47) / 2 GB/s."""
+    path = tmp_path / "sharp.toml"
+    path.write_text('name = "sharp"\narchitecture = "hopper"\ncpu = "intel"\n[node]\ngpus = 8\nbus_gbps = 370.8\n'
+                    "[scale_out]\nnics = 8\nnic_gbps = 47.0\nsharp = true\n")
+    model = NcclModel(network_for(str(path), [("data", 4), ("tensor", 8)]))
+    latency, bandwidth = candidate(model, pb.ALL_REDUCE, GIB, Placement(32, 4), "CollNet", "Simple")
+    assert (latency, bandwidth) == pytest.approx((44.0, 0.85 * 370.8 / 2))
+
+
+def test_pat_with_one_gpu_per_node():
+    """An all-gather over one GPU of each of 4 nodes may run PAT: 8.0 + log2(4) x 14 / 3.5 + 4 x
+    2.8 = 27.2 µs, at 0.75 of one NIC's 47 GB/s."""
+    model = NcclModel(network_for("hgx", [("data", 4), ("tensor", 8)]))
+    shape = model.group_shape([0, 8, 16, 24])
+    assert shape == Placement(4, 4)
+    assert candidate(model, pb.ALL_GATHER, 4 * MIB, shape, "PAT", "Simple") == pytest.approx((27.2, 0.75 * 47))
+
+
+def test_all_to_all_and_send_recv_are_point_to_point():
+    """All-to-all of 8 MiB per rank in a node: 8.4 + 3.4 µs, then 7/8 of it over the node's
+    370.8 GB/s; a SEND of 1 MiB between nodes: 8.4 + 3.4 + 14 µs, at one NIC's 47 GB/s."""
+    assert NODE.collective_micros(pb.ALL_TO_ALL, 8 * MIB, range(8)) == pytest.approx(
+        11.8 + 8 * MIB * 7 / 8 / 370.8e3)
+    assert TWO_NODES.transfer_micros(0, 8, MIB) == pytest.approx(25.8 + MIB / 47e3)
+    assert TWO_NODES.transfer_micros(0, 1, MIB) == pytest.approx(11.8 + MIB / 370.8e3)
+
+
+def test_an_a100_node_has_no_nvls():
+    """hgx-a100: Ampere, no NVLink SHARP: a 1 GiB all-reduce is Ring Simple at 240 GB/s bus."""
+    model = NcclModel(network_for("hgx-a100", [("tensor", 8)]))
+    choice = model.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
+    assert (choice.algorithm, choice.protocol) == ("Ring", "Simple")
+    assert choice.micros == pytest.approx(8.4 + 14 * 3.4 + GIB / (240 * 8 / 14 * 1e3))
+
+
+def test_simulate_times_one_collective_as_nccl_by_default(tmp_path):
+    """flint simulate's estimator (the default engine) on one 1 GiB all-reduce over 8 ranks: NVLS's
+    81.5 + 2^30 / (480 x 8 / 14 x 10^3) µs."""
+    traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, GIB)
+    result = json.loads(flint("simulate", traces, "--json", "-o", tmp_path / "s").stdout)
+    assert result["engine"] == "flint" and result["collectives"] == "nccl"
+    assert result["step_us"] == pytest.approx(81.5 + GIB / (480 * 8 / 14 * 1e3))
+
+
+def test_a_bad_network_file_is_one_line(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "bad"\n[node]\ngpus = 8\nbus_gbps = -1\n')
+    with pytest.raises(FlintError, match=r"network file '.*bad.toml' is not valid: .*bus_gbps is -1"):
+        network_for(str(path), [("tensor", 8)])
+    traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, MIB)
+    run = flint("simulate", traces, "--network", str(path), "-o", tmp_path / "s")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "bus_gbps is -1" in run.stderr
