@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from flint.errors import FlintError
+from flint.errors import FlintError, read_toml
 from flint.mesh import parse_mesh
 
 OPTIONS = ("backend", "stage", "strategy", "device", "network", "collectives", "durations", "donate", "schedule",
@@ -80,14 +78,7 @@ class SweepSpec:
 
 def read_spec(path: Path) -> SweepSpec:
     """Read and expand a sweep spec; every problem is one line naming the key."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise FlintError(f"sweep spec {path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FlintError(f"cannot read sweep spec {path}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FlintError(f"sweep spec {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "sweep spec")
     model = data.get("model")
     if not isinstance(model, str):
         raise FlintError(f"sweep spec {path}: give the model file as model = \"model.py\" (relative to the spec)")

@@ -9,12 +9,11 @@ joined by `+`, or `None`/`_`/nothing for an unsplit one (`'params/.*/w_in=None,d
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flint.errors import FlintError
+from flint.errors import FlintError, read_toml
 
 Spec = tuple[tuple[str, ...], ...]
 """One entry per leading dimension: the mesh axes it is split over (empty: unsplit)."""
@@ -73,12 +72,7 @@ def parse_rule(text: str, origin: str = "cli") -> tuple[str, tuple[str, ...], st
 
 def read_config(path: Path) -> LayoutRequest:
     """A TOML layout: `strategy = "..."`, `[rules] name = "axes"`, `[shard] "pattern" = "spec"`."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FlintError(f"config file {str(path)!r} not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FlintError(f"config file {path}: not valid TOML ({exc})") from None
+    data = read_toml(path, "config file")
     unknown = set(data) - {"strategy", "rules", "shard"}
     if unknown:
         raise FlintError(

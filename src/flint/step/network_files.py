@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError
+from flint.errors import FlintError, read_toml
 
 FOLDER = "networks"
 CONSTANTS = "nccl.toml"
@@ -98,15 +98,7 @@ def _builtin() -> dict[str, NetworkFile]:
 
 def load_network_file(path: Path) -> NetworkFile:
     """A user's network file (.toml)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise FlintError(f"network file {str(path)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FlintError(f"cannot read network file {str(path)!r}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FlintError(f"network file {str(path)!r} is not valid TOML: {exc}") from None
-    return parse_network(data, str(path))
+    return parse_network(read_toml(path, "network file"), str(path))
 
 
 def parse_network(data: dict, origin: str) -> NetworkFile:
