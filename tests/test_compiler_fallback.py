@@ -1,9 +1,10 @@
 """Compiling where the real GPU compiler would.
 
-Where XLA's GPU compiler cannot tile a Triton GEMM (`tests/models/triton_tile.py` on an A100, as
-Megatron-LM's 1.7B GPT at 32,768 tokens per rank), the real compiler's program runs cuBLAS GEMMs
+Where XLA's GPU compiler cannot tile a Triton GEMM, the real compiler's program runs cuBLAS GEMMs
 (`--xla_gpu_enable_triton_gemm=false`): Flint compiles again with that per-compile debug option,
-warns in one line, and records it in the manifest.
+warns in one line, and records it in the manifest. The compiler of JAX 0.10.2 failed so on
+`tests/models/triton_tile.py` for an A100 (as on Megatron-LM's 1.7B GPT at 32,768 tokens per
+rank); those of JAX 0.11.2 and 0.12 tile it, so the fallback is tested with an injected failure.
 """
 
 from __future__ import annotations
@@ -46,22 +47,19 @@ def test_the_fallback_retries_a_gemm_triton_cannot_tile():
     assert len(calls) == 1
 
 
-def test_an_a100_compiles_with_cublas_where_triton_cannot_tile(tmp_path):
-    """tests/models/triton_tile.py on 2 A100s: one warning line, the manifest and summary record the
-    fallback, and the projection is a cuBLAS GEMM costed as its dot (FLOPs by hand, per data rank
-    b = BATCH/2: the attention einsum's 2*b*HEADS*SEQ*SEQ*HEAD_DIM and the projection's
-    2*b*SEQ*WIDTH*WIDTH, nothing fused in). On H100s the same step compiles with Triton."""
+def test_an_a100_step_that_triton_tiles_needs_no_fallback(tmp_path):
+    """tests/models/triton_tile.py on 2 A100s and on 2 H100s: no warning and no fallback recorded;
+    on the A100s the FLOPs by hand (per data rank b = BATCH/2: the attention einsum's
+    2*b*HEADS*SEQ*SEQ*HEAD_DIM and the projection's 2*b*SEQ*WIDTH*WIDTH, nothing fused in)."""
     spec = importlib.util.spec_from_file_location("triton_tile", MODELS / "triton_tile.py")
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
     BATCH, HEADS, SEQ, HEAD_DIM, WIDTH = model.BATCH, model.HEADS, model.SEQ, model.HEAD_DIM, model.WIDTH
     run = flint("extract", MODELS / "triton_tile.py", "--mesh", "data=2", "--backend", "gpu:a100",
                 "-o", tmp_path / "a100", "--json")
-    assert run.returncode == 0, run.stderr
-    warnings = [line for line in run.stderr.splitlines() if "Triton" in line]
-    assert len(warnings) == 1 and "cuBLAS" in warnings[0]
-    assert json.loads(run.stdout)["compiler_fallback"] == "cublas_gemm"
-    assert manifest(tmp_path / "a100")["compiler_fallback"] == "cublas_gemm"
+    assert run.returncode == 0 and "Triton" not in run.stderr, run.stderr
+    assert "compiler_fallback" not in json.loads(run.stdout)
+    assert manifest(tmp_path / "a100")["compiler_fallback"] is None
     b = BATCH // 2
     flops = 2 * b * HEADS * SEQ * SEQ * HEAD_DIM + 2 * b * SEQ * WIDTH * WIDTH
     assert json.loads(run.stdout)["per_rank"]["flops"] == flops

@@ -1,10 +1,11 @@
-"""Attention's output projection, which XLA's GPU compiler cannot tile as a Triton GEMM on an A100.
+"""Attention's output projection, which the GPU compiler of JAX 0.10.2 could not tile as a Triton
+GEMM on an A100 (those of JAX 0.11.2 and 0.12 do).
 
 Per data rank: the probabilities [b, HEADS, SEQ, SEQ] times the values [b, SEQ, HEADS, HEAD_DIM],
 then projected by wo [HEADS, HEAD_DIM, WIDTH]: the projection is one dot of [b*SEQ, HEADS*HEAD_DIM]
 by [HEADS*HEAD_DIM, WIDTH], bf16, of 2*b*SEQ*HEADS*HEAD_DIM*WIDTH FLOPs. Fused with the einsum
-before it, the GPU compiler for sm_80 finds no output tile sizes for it (sm_90 does); the real
-compiler then runs the program with cuBLAS GEMMs. The sizes are Megatron-LM's 1.7B GPT's (hidden
+before it, that compiler for sm_80 found no output tile sizes for it (sm_90 did); the real
+compiler then ran the program with cuBLAS GEMMs. The sizes are Megatron-LM's 1.7B GPT's (hidden
 2304, 24 heads) at a short sequence.
 """
 
