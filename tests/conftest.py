@@ -33,6 +33,10 @@ needs_torch = pytest.mark.skipif(
 )
 """For a test of a PyTorch model file; a module of such tests calls `pytest.importorskip` instead."""
 
+ADDRESS_SPACE_LIMIT = 10 << 30
+"""Bytes of address space for an extraction run under a cap, so that a runaway lowering fails
+instead of filling the machine: PyPI's CUDA build of torch alone maps 3.2 GB on import."""
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"

@@ -94,6 +94,7 @@ pytest.importorskip("torch_mlir")
 pytest.importorskip("transformers")
 
 from conftest import (  # noqa: E402
+    ADDRESS_SPACE_LIMIT,
     EXAMPLES,
     MODELS,
     assert_sends_match_receives,
@@ -111,15 +112,14 @@ F32, I64 = 4, 8
 LLAMA = EXAMPLES / "hf_llama.py"
 V, D, I, L, H, KV, K = 256, 64, 128, 2, 4, 2, 16
 B, S = 4, 16
-MEMORY_LIMIT = 4 << 30  # bytes of address space: a runaway lowering fails instead of filling the machine
 
 
 def limited(*args: str, patch: str = "") -> subprocess.CompletedProcess:
-    """`flint ARGS` in a process whose address space is capped at MEMORY_LIMIT (inherited by the
-    extraction's forked child); `patch` runs first."""
+    """`flint ARGS` in a process whose address space is capped at ADDRESS_SPACE_LIMIT (inherited by
+    the extraction's forked child); `patch` runs first."""
     code = (
         "import resource\n"
-        f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE_LIMIT}, {ADDRESS_SPACE_LIMIT}))\n"
         f"{patch}\nfrom flint.cli import main\nmain()"
     )
     return subprocess.run(

@@ -261,6 +261,14 @@ def test_cost_rules(entry, flops, transcendentals, nbytes):
     assert (node["flops"], node["transcendentals"], node["bytes"]) == (flops, transcendentals, nbytes)
 
 
+def test_the_rng_seed_read_has_a_cost_rule():
+    """The GPU compiler's read of the step's RNG seed (JAX 0.12): no FLOPs, its 8-byte result."""
+    graph = graph_of('  ROOT s = u64[] custom-call(), custom_call_target="GetRngSeed"', ranks=1)
+    assert graph.unknown_ops == ()
+    node = only_node(graph)
+    assert (node["flops"], node["bytes"]) == (0, 8)
+
+
 def test_free_ops_are_not_nodes_and_keep_dependencies():
     entry = (
         "  a = f32[4,8] parameter(0)\n  e = f32[4,8] exponential(a)\n"
