@@ -54,6 +54,7 @@ pytestmark = pytest.mark.skipif(
 EXAMPLE_MESHES = {
     "mlp": "2x4",
     "gpt": "2x4",
+    "llama": "2x4",
     "fsdp": "4x2",
     "moe": "2x4",
     "moe_gshard": "2x4",
@@ -69,7 +70,7 @@ EXAMPLE_MESHES = {
     "hf_moe": "2x4",
     "pipeline_manual": "pp=4",
 }
-SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "hf_moe", "hf_seq2seq", "torch_gpt", "pipeline_manual",
+SLOWEST_FIRST = ["hf_llama", "resnet_torch", "hf_causal_lm", "hf_moe", "hf_seq2seq", "torch_gpt", "pipeline_manual", "llama",
                  "hf_llama_decode", "fsdp", "gpt", "torch_cnn", "torch_mlp", "decode", "moe", "moe_gshard", "mlp"]
 """Extraction order, longest first: the Hugging Face models and ResNet take 15 to 40 s, mlp 2 s."""
 
