@@ -20,7 +20,7 @@ import flint
 from flint.pipeline import TRACE_BYTES
 said = []
 flint.extract(sys.argv[1], "2x4", sys.argv[2], backend="cpu",
-              on_progress=lambda stage, done, total: said.append(done) if stage == TRACE_BYTES else None)
+              on_progress=lambda stage, done, total: said.append([done, total]) if stage == TRACE_BYTES else None)
 print(json.dumps(said))
 """
 
@@ -48,7 +48,8 @@ def test_the_size_said_before_writing_is_the_size_written(tmp_path):
     out = tmp_path / "out"
     said = json.loads(python(SIZE_SAID, EXAMPLES / "mlp.py", out))
     on_disk = sum(path.stat().st_size for path in out.glob("*.et"))
-    assert len(said) == 1 and said[0] == on_disk > 0
+    one_class = (out / "mlp.0.et").stat().st_size  # every rank of the data x tensor mesh is alike
+    assert said == [[one_class, on_disk]] and on_disk > one_class > 0
 
 
 def test_traces_larger_than_the_free_space_are_refused(tmp_path):
@@ -56,4 +57,5 @@ def test_traces_larger_than_the_free_space_are_refused(tmp_path):
     message = python(DISK_FULL, EXAMPLES / "mlp.py", out).strip()
     assert len(message.splitlines()) == 1
     assert "the 8 rank traces need" in message and "has 0.0 MB free" in message
+    assert "with --rank-files classes" in message
     assert not out.exists()

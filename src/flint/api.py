@@ -30,6 +30,9 @@ from flint.pipeline import ExtractRequest, Report, extract_isolated
 from flint.pipelining import PipelineRequest
 from flint.simulation import SimulateRequest
 from flint.simulation import simulate as run_simulation
+from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS
+
+RANK_FILE_CHOICES = (ALL_RANK_FILES, ONE_PER_CLASS)
 
 
 def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend: str = DEFAULT_BACKEND,
@@ -40,9 +43,12 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
                     pipeline_stages: int | None = None, microbatches: int | None = None,
                     schedule: str | None = None, virtual_stages: int | None = None,
                     dump_ir: str | Path | None = None, loop_trips: int | None = None, strict: bool = False,
-                    donate: bool = True, force: bool = False, command: str = "") -> ExtractRequest:
+                    donate: bool = True, rank_files: str = ALL_RANK_FILES, force: bool = False,
+                    command: str = "") -> ExtractRequest:
     """Check every option and build the request, before anything slow runs."""
     pipeline = pipeline_request(pipeline_stages, microbatches, schedule, virtual_stages)
+    if rank_files not in RANK_FILE_CHOICES:
+        raise FlintError(f"unknown rank_files {rank_files!r}: use one of {', '.join(RANK_FILE_CHOICES)}")
     parsed_backend = parse_backend(backend, slices)
     if isinstance(model_args, Mapping):
         arguments = tuple(model_args.items())
@@ -69,6 +75,7 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
         model_args=arguments,
         command=command,
         donate=donate,
+        rank_files=rank_files,
     )
 
 
@@ -93,6 +100,9 @@ def extract_summary(request: ExtractRequest, result: Report, seconds: float) -> 
         "mesh": str(request.mesh),
         "output": str(request.output),
         "files": result.files,
+        "rank_files": request.rank_files,
+        "trace_bytes": result.bytes_written,
+        "every_rank_trace_bytes": result.every_rank_bytes,
         "per_rank": result.totals[0][1].as_json(),
         "ranks_alike": len(result.totals) == 1,
         "memory_per_rank": result.memory,

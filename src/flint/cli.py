@@ -209,7 +209,8 @@ def _format_summary(summary: dict) -> None:
             f"  pipeline              {p['stages']} stages x {p['microbatches']} microbatches "
             f"({p['schedule']}), {p['activation_bytes']:,} bytes per activation"
         )
-    stdout.print(f"wrote {summary['output']} ({summary['files']} files) in {summary['seconds']:.1f} s")
+    per_class = ", one rank trace per class" if summary["rank_files"] == "classes" else ""
+    stdout.print(f"wrote {summary['output']} ({summary['files']} files{per_class}) in {summary['seconds']:.1f} s")
 
 
 def _model_arg_option(command):
@@ -273,12 +274,17 @@ def _model_arg_option(command):
               help="Donate the step arguments an output replaces (parameters, optimizer state), or "
                    "the model file's donate_argnums, as a training step does: memory per rank "
                    "holds one copy of them.")
+@click.option("--rank-files", type=click.Choice(["all", "classes"]), default="all", show_default=True,
+              help="all: a file for every rank, the Chakra trace ASTRA-sim runs. classes: one file per "
+                   "rank class (ranks that run the same work, e.g. a pipeline stage), which is all that "
+                   "simulate --engine flint, timeline, inspect and sweep need; for meshes whose every "
+                   "rank's files would not fit on disk.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--strict", is_flag=True, help="Fail on ops that have no cost rule instead of warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no progress bars).")
 def extract(model, mesh_spec, output, name, device_spec, stage, durations, backend_spec, slices, model_args,
             dump_ir, loop_trips, strategy, rules, shards, config, explain, stages, microbatches,
-            pipeline_schedule, virtual_stages, donate, force, strict, as_json):
+            pipeline_schedule, virtual_stages, donate, rank_files, force, strict, as_json):
     """Extract traces from a model file.
 
     By default XLA's GPU compiler compiles the step for a cluster of virtual H100s (no GPU needed)
@@ -311,6 +317,13 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
 
     Writes NAME.<rank>.et for every rank, NAME.comm_groups.json (for ASTRA-sim's
     --comm-group-configuration), NAME.graph.json (one rank's workload graph) and manifest.json.
+    Before writing it says how large the rank files will be, from 1 GB on. With --rank-files
+    classes only the first rank of each class gets a file, and the manifest's rank_totals say
+    which ranks each stands for:
+
+    \b
+      flint extract big.py --mesh pp=64,data=6,tensor=8 --pipeline-stages 64 --rank-files classes
+      flint simulate traces --engine flint
     """
     from flint.api import extract_request, extract_summary
     from flint.isolation import Interrupted
@@ -322,15 +335,14 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
         durations=durations, name=name, strategy=strategy, rules=rules, shards=shards, config=config,
         model_args=model_args, pipeline_stages=stages, microbatches=microbatches, schedule=pipeline_schedule,
         virtual_stages=virtual_stages, dump_ir=dump_ir, loop_trips=loop_trips, strict=strict, force=force,
-        donate=donate, command=shlex.join(["flint", *sys.argv[1:]]),
+        donate=donate, rank_files=rank_files, command=shlex.join(["flint", *sys.argv[1:]]),
     )
     bars = _progress(as_json)
     task = bars.add_task("writing rank traces", total=request.mesh.size, visible=False)
 
     def on_progress(stage_name: str, done: int, total: int) -> None:
         if stage_name == TRACE_BYTES:
-            if done >= LARGE_TRACE_BYTES:
-                stderr.print(f"[yellow]note:[/] writing {request.mesh.size:,} rank traces, {done / 1e9:,.1f} GB")
+            _note_trace_size(request, one_per_class=done, every_rank=total)
             return
         bars.start()  # only now: forking while its refresh thread ran could fork a lock it held
         bars.update(task, completed=done, total=total, visible=True)
@@ -362,6 +374,22 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
         click.echo(json.dumps(summary, indent=2))
     else:
         _format_summary(summary)
+
+
+def _note_trace_size(request, one_per_class: int, every_rank: int) -> None:
+    """Say how large the rank files will be before they are written, from `LARGE_TRACE_BYTES` on,
+    with the other choice of --rank-files beside it."""
+    if request.rank_files == "classes":
+        if max(one_per_class, every_rank) >= LARGE_TRACE_BYTES:
+            stderr.print(f"[yellow]note:[/] writing one rank trace per class, {_size(one_per_class)} (every "
+                         f"rank's {request.mesh.size:,} would take about {_size(every_rank)})")
+    elif every_rank >= LARGE_TRACE_BYTES:
+        stderr.print(f"[yellow]note:[/] writing {request.mesh.size:,} rank traces, {_size(every_rank)} (one per "
+                     f"rank class would take {_size(one_per_class)}: --rank-files classes)")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 10**9 else f"{nbytes / 1e6:,.1f} MB"
 
 
 def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups: Path | None = None):
@@ -532,7 +560,10 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return
     how = "as NCCL runs them" if collectives == "nccl" else "as ASTRA-sim times them"
-    stdout.print(inspect_view(str(path), summaries, compute.label, f"{how} on {model.network.name}"))
+    source = str(path)
+    if rank is None and len(files.paths) < files.num_ranks:
+        source += f", one file per rank class of {files.num_ranks:,} ranks"
+    stdout.print(inspect_view(source, summaries, compute.label, f"{how} on {model.network.name}"))
 
 
 @main.command()

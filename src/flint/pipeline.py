@@ -37,6 +37,7 @@ from flint.emit import (
     OutputDir,
     RankClasses,
     RankTotals,
+    TraceSize,
     check_emitted,
     disk_errors,
     first_nodes_take_time,
@@ -59,11 +60,13 @@ from flint.pipelining import (
     pipeline_graph,
     stage_mesh,
 )
+from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS, RANK_FILES
 from flint.version import __version__
 
 Progress = Callable[[str, int, int], None]
 """Called as `progress(stage, done, total)` while a stage works through many items; once, before
-the rank files are written, as `progress(TRACE_BYTES, size, size)` with their size in bytes."""
+the rank files are written, as `progress(TRACE_BYTES, one_per_class, every_rank)` with the bytes
+that one file per rank class and every rank's file take (`TraceSize`)."""
 TRACE_BYTES = "trace-bytes"
 
 
@@ -92,6 +95,10 @@ class ExtractRequest:
     donate: bool = True
     """Donate the arguments the step replaces (or the model's `donate_argnums`), as a training
     step does; False (`--no-donate`): none. A pipelined step donates nothing either way."""
+    rank_files: str = ALL_RANK_FILES
+    """`all`: a file for every rank, the Chakra trace ASTRA-sim runs; `classes`: one for each rank
+    class (ranks that run the same work), all that Flint's estimator needs, where every rank's
+    would fill the disk."""
 
 
 @dataclass
@@ -108,6 +115,7 @@ class Extraction:
     totals: list[tuple[list[list[int]], RankTotals]]
     files: list[str] = field(default_factory=list)
     bytes_written: int = 0
+    trace_size: TraceSize | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     regions: Regions | None = None
 
@@ -126,6 +134,7 @@ def manifest(request: ExtractRequest, extraction: Extraction, prefix: str) -> di
         "model_args": dict(request.model_args),
         "mesh": {"shape": list(request.mesh.shape), "axis_names": list(request.mesh.axis_names)},
         "ranks": request.mesh.size,
+        RANK_FILES: request.rank_files,
         "backend": str(request.backend),
         "slices": request.backend.slices,
         "stage": request.stage,
@@ -213,31 +222,36 @@ def write_trace(
         durations=request.durations,
         estimates=_xla_estimates(request, extraction),
     )
-    ranks = request.mesh.size
+    one_per_class = request.rank_files == ONE_PER_CLASS
+    files = len(extraction.classes.roles) if one_per_class else request.mesh.size
     kept: dict = {}
-    size = trace_bytes(emitter, kept)
+    size = extraction.trace_size = trace_bytes(emitter, kept, one_per_class)
+    needed = size.one_per_class if one_per_class else size.every_rank
     free = shutil.disk_usage(out.staging).free
-    if size > free:
+    if needed > free:
+        smaller = "" if one_per_class else (
+            f", write one file per rank class ({size.one_per_class / 1e6:,.1f} MB) with --rank-files classes")
         raise FlintError(
-            f"the {ranks:,} rank traces need {size / 1e6:,.1f} MB and {request.output.parent} has "
-            f"{free / 1e6:,.1f} MB free: free space, choose another -o, or extract a smaller mesh"
+            f"the {files:,} rank traces need {needed / 1e6:,.1f} MB and {request.output.parent} has "
+            f"{free / 1e6:,.1f} MB free: free space, choose another -o{smaller}, or extract a smaller mesh"
         )
     if progress:
-        progress(TRACE_BYTES, size, size)
+        progress(TRACE_BYTES, size.one_per_class, size.every_rank)
     out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
     extraction.bytes_written = write_ranks(
         emitter,
         out.staging,
         prefix,
-        (lambda done: progress("emit", done, ranks)) if progress else None,
+        (lambda done: progress("emit", done, files)) if progress else None,
         kept=kept,
+        one_per_class=one_per_class,
     )
     out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph, extraction.groups))
     out.write_text(
         "manifest.json", json.dumps(manifest(request, extraction, prefix), indent=2) + "\n"
     )
     written = time.perf_counter()
-    violations = check_emitted(out.staging, prefix, emitter)
+    violations = check_emitted(out.staging, prefix, emitter, one_per_class)
     if violations:
         raise AssertionError(
             "the trace breaks the Chakra contract (a bug in Flint):\n"
@@ -377,6 +391,9 @@ class Report:
     pipeline: dict | None
     memory: dict | None
     compiler_fallback: str | None = None
+    bytes_written: int = 0
+    every_rank_bytes: int = 0
+    """What every rank's files take (about, where one per class was written: `TraceSize`)."""
 
 
 def report(request: ExtractRequest, extraction: Extraction) -> Report:
@@ -390,6 +407,8 @@ def report(request: ExtractRequest, extraction: Extraction) -> Report:
         pipeline=pipeline_summary(pipeline, extraction.regions) if pipeline else None,
         memory=memory_json(request, extraction.module),
         compiler_fallback=extraction.module.compiler_fallback,
+        bytes_written=extraction.bytes_written,
+        every_rank_bytes=extraction.trace_size.every_rank,
     )
 
 

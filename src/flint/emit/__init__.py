@@ -14,7 +14,7 @@ from flint.emit.chakra import ChakraEmitter
 from flint.emit.classes import RankClasses, rank_classes
 from flint.emit.first_nodes import first_nodes_take_time
 from flint.emit.groups import GroupTable
-from flint.emit.parallel import trace_bytes, write_ranks
+from flint.emit.parallel import TraceSize, trace_bytes, write_ranks
 from flint.emit.summary import RankTotals, rank_totals
 from flint.emit.verify import check_emitted
 from flint.emit.writer import OutputDir, check_name, disk_errors, prepare_output
@@ -25,6 +25,7 @@ __all__ = [
     "OutputDir",
     "RankClasses",
     "RankTotals",
+    "TraceSize",
     "check_emitted",
     "check_name",
     "disk_errors",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from flint.emit.chakra import ChakraEmitter
@@ -40,20 +41,37 @@ KEPT_TEMPLATE_BYTES = 2**30
 template is about one rank's file); beyond it they are built again, one at a time."""
 
 
-def trace_bytes(emitter: ChakraEmitter, kept: dict[int, RankTemplate] | None = None) -> int:
-    """The bytes every rank's file will take, rendered class by class without being written: said
+@dataclass(frozen=True)
+class TraceSize:
+    """How many bytes the rank files take: every rank's, and one per class's (each class's first
+    rank, what `--rank-files classes` writes). Measured from the rendered files; where only the
+    classes' files were rendered, every rank's is their size times the class's rank count."""
+
+    every_rank: int
+    one_per_class: int
+
+
+def trace_bytes(
+    emitter: ChakraEmitter, kept: dict[int, RankTemplate] | None = None, one_per_class: bool = False
+) -> TraceSize:
+    """The bytes the rank files will take, rendered class by class without being written: said
     before writing and checked against the free disk space, since a pipelined trace of a thousand
     ranks runs to tens of gigabytes. Templates go into `kept` (for `write_ranks`) while they fit in
-    `KEPT_TEMPLATE_BYTES`."""
-    total = held = 0
+    `KEPT_TEMPLATE_BYTES`. With `one_per_class`, only each class's first rank is rendered."""
+    every = firsts = held = 0
     for cls in range(len(emitter.classes.roles)):
         template = emitter.template(cls)
-        sizes = [sum(map(len, template.render(rank))) for rank in emitter.classes.ranks(cls).tolist()]
-        total += sum(sizes)
-        if kept is not None and held + sizes[0] <= KEPT_TEMPLATE_BYTES:
+        ranks = emitter.classes.ranks(cls).tolist()
+        first = sum(map(len, template.render(ranks[0])))
+        firsts += first
+        if one_per_class:
+            every += first * len(ranks)
+        else:
+            every += first + sum(sum(map(len, template.render(rank))) for rank in ranks[1:])
+        if kept is not None and held + first <= KEPT_TEMPLATE_BYTES:
             kept[cls] = template
-            held += sizes[0]
-    return total
+            held += first
+    return TraceSize(every, firsts)
 
 
 def write_ranks(
@@ -63,8 +81,10 @@ def write_ranks(
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
     kept: dict[int, RankTemplate] | None = None,
+    one_per_class: bool = False,
 ) -> int:
-    """Write `<prefix>.<rank>.et` for every rank into `directory`; the bytes written.
+    """Write `<prefix>.<rank>.et` for every rank (with `one_per_class`, for each class's first
+    rank) into `directory`; the bytes written.
 
     `progress(done)` is called with the number of files written so far; `kept` holds templates
     already built (`trace_bytes`), which are used and let go.
@@ -76,7 +96,7 @@ def write_ranks(
     with ThreadPoolExecutor(workers, thread_name_prefix="flint-emit") as pool:
         for cls in range(len(classes.roles)):
             template = kept.pop(cls, None) or emitter.template(cls)
-            ranks = classes.ranks(cls).tolist()
+            ranks = classes.ranks(cls).tolist()[: 1 if one_per_class else None]
             chunks = [ranks[start : start + CHUNK] for start in range(0, len(ranks), CHUNK)]
             futures = [
                 pool.submit(_write_chunk, template, directory, prefix, chunk) for chunk in chunks

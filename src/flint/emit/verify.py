@@ -5,7 +5,7 @@ does that). Instead:
 
 - the first and the last rank of every rank class are read back and checked with every single-file
   rule: all ranks of a class are rendered from one template, these two with different group ids;
-- every rank's file must exist;
+- every rank's file must exist (one per class's, for a set of one file per class);
 - the cross-rank rules follow from what the files were rendered from, checked against the
   communicator-group file as written: for each collective, the ranks that name a group in their
   files are exactly that group's members (`group-member`, `collective-match`), and each permute's
@@ -25,24 +25,28 @@ from flint.trace.reader import comm_groups_path, read_comm_groups
 from flint.trace.violation import Violation
 
 
-def check_emitted(directory: Path, prefix: str, emitter: ChakraEmitter) -> list[Violation]:
-    """Every contract violation found in the trace `emitter` wrote into `directory`."""
+def check_emitted(
+    directory: Path, prefix: str, emitter: ChakraEmitter, one_per_class: bool = False
+) -> list[Violation]:
+    """Every contract violation found in the trace `emitter` wrote into `directory` (with
+    `one_per_class`: each class's first rank's file only)."""
     classes = emitter.classes
     num_ranks = emitter.graph.num_ranks
-    sample = set(classes.first_ranks()) | set(classes.last_ranks())
+    written = classes.first_ranks() if one_per_class else range(num_ranks)
+    sample = set(classes.first_ranks()) | (set() if one_per_class else set(classes.last_ranks()))
     violations = check_rank_files(directory, prefix, num_ranks, sample)
-    violations += _missing_files(directory, prefix, num_ranks)
+    violations += _missing_files(directory, prefix, written)
     written = read_comm_groups(comm_groups_path(directory, prefix))
     violations += _group_use(emitter, written)
     violations += _pair_violations(emitter)
     return violations
 
 
-def _missing_files(directory: Path, prefix: str, num_ranks: int) -> list[Violation]:
+def _missing_files(directory: Path, prefix: str, ranks) -> list[Violation]:
     names = set(os.listdir(directory))
     return [
         Violation("rank-files", rank, None, f"{prefix}.{rank}.et is missing")
-        for rank in range(num_ranks)
+        for rank in ranks
         if f"{prefix}.{rank}.et" not in names
     ]
 

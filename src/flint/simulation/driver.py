@@ -8,8 +8,9 @@ astra-sim, as ASTRA-sim times it on the same network and system keys, `flint.ste
 and ASTRA-sim itself (`astra-sim`), handed the closest network its analytical backend models (one
 switch per tier of the network file). The estimator is the default because it is the more
 faithful: ASTRA-sim's rings per dimension are far from what NCCL does (see docs/simulate.md).
-`auto` runs ASTRA-sim where it is found and the trace has at most `ASTRA_SIM_MAX_RANKS` ranks, the
-estimator otherwise; the result says which ran. Beside ASTRA-sim's result stands the estimator's,
+`auto` runs ASTRA-sim where it is found and the trace has at most `ASTRA_SIM_MAX_RANKS` ranks and
+every rank's file (not one per rank class, `flint extract --rank-files classes`), the estimator
+otherwise; the result says which ran. Beside ASTRA-sim's result stands the estimator's,
 so a user sees how far apart they are.
 """
 
@@ -31,7 +32,8 @@ from flint.step.astra_sim import SYSTEM, CollectiveModel
 from flint.step.nccl import NcclModel
 from flint.trace.errors import TraceFormatError
 from flint.step.network import mesh_axes, network_for
-from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
+from flint.trace.contract import PER_CLASS_SET
+from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, per_class_ranks, read_manifest
 from flint.step.models import COLLECTIVE_MODELS
 from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
@@ -151,7 +153,10 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         else CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides}))
     notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
              for found in [model.unmodelled()] if found]
-    simulator = find_simulator(request.simulator) if request.engine != "flint" else None
+    per_class = len(files.paths) < files.num_ranks and per_class_ranks(request.directory, prefix) is not None
+    if per_class and request.engine == "astra-sim":
+        raise FlintError(f"{request.directory}: {PER_CLASS_SET}")
+    simulator = find_simulator(request.simulator) if request.engine != "flint" and not per_class else None
     use_flint = request.engine == "flint" or (
         request.engine == "auto" and (simulator is None or files.num_ranks > ASTRA_SIM_MAX_RANKS))
     if use_flint:

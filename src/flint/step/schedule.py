@@ -54,6 +54,7 @@ from flint.trace.reader import (
     enum_name,
     locate_traces,
     parse_trace_name,
+    per_class_ranks,
     read_manifest,
     read_trace,
     read_trace_set,
@@ -152,8 +153,10 @@ def load_timeline(
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
+    files = locate_traces(directory, prefix, groups_file=groups_file)
+    if len(files.paths) < files.num_ranks and per_class_ranks(directory, parse_trace_name(files.paths[0])[0]):
+        return _schedule_per_class_set(directory, files, timer_for(files.groups, files.num_ranks), issue)
     if by_class is not False:
-        files = locate_traces(directory, prefix, groups_file=groups_file)
         if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
             classes = _rank_classes(directory, files)
             if classes is not None:
@@ -416,9 +419,9 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 # -- one rank per class ----------------------------------------------------------------------------
 
 
-def _rank_classes(directory, files) -> list[list[int]] | None:
-    """The manifest's classes of ranks (each a list of ranks), or None where it records none, they
-    do not cover every rank once, or a class's first and last rank files differ in shape."""
+def _recorded_classes(directory, files) -> list[list[int]] | None:
+    """The manifest's classes of ranks (each a list of ranks), or None where it records none or
+    they do not cover every rank once."""
     prefix = parse_trace_name(files.paths[0])[0]
     try:
         manifest = read_manifest(directory, prefix) or {}
@@ -435,7 +438,29 @@ def _rank_classes(directory, files) -> list[list[int]] | None:
     except (KeyError, TypeError, ValueError):
         return None
     every = sorted(r for ranks in classes for r in ranks)
-    if every != list(range(files.num_ranks)) or len(files.paths) != files.num_ranks:
+    return classes if every == list(range(files.num_ranks)) else None
+
+
+def _schedule_per_class_set(directory, files, timer: NodeTimer, issue: str) -> Timeline:
+    """A set of one file per class (`flint extract --rank-files classes`): its representatives,
+    each class's first rank, are all there is to schedule."""
+    classes = _recorded_classes(directory, files)
+    have = {parse_trace_name(path)[1] for path in files.paths}
+    lacking = None if classes is None else next((ranks[0] for ranks in classes if ranks[0] not in have), None)
+    if classes is None or lacking is not None:
+        what = "its manifest records no rank classes" if classes is None else f"rank {lacking}'s file is missing"
+        raise FlintError(f"{directory} holds one file per rank class but {what}: extract it again")
+    try:
+        return _schedule_by_class(files, classes, timer, issue)
+    except FlintError as exc:
+        raise FlintError(f"{exc}: extract again with --rank-files all, whose every rank is scheduled") from None
+
+
+def _rank_classes(directory, files) -> list[list[int]] | None:
+    """The manifest's classes of ranks, or None where it records none, they do not cover every
+    rank once, a rank's file is missing, or a class's first and last rank files differ in shape."""
+    classes = _recorded_classes(directory, files)
+    if classes is None or len(files.paths) != files.num_ranks:
         return None
     by_rank = _paths_by_rank(files)
     for ranks in classes:

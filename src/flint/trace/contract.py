@@ -42,6 +42,7 @@ from flint.trace.reader import (
     decode_trace,
     find_rank_files,
     manifest_ranks,
+    per_class_ranks,
     read_comm_groups,
 )
 from flint.trace.shapes import Shapes, shape_of
@@ -133,7 +134,10 @@ def check_traces(
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
     num_ranks, expected, violations = _rank_count(directory, prefix, files, num_ranks)
-    violations += _rank_file_violations(prefix, files, num_ranks, expected)
+    if per_class_ranks(directory, prefix):
+        violations.append(Violation("rank-files", None, None, PER_CLASS_SET))
+    else:
+        violations += _rank_file_violations(prefix, files, num_ranks, expected)
     groups_file = comm_groups_path(directory, prefix, groups_file)
     groups, group_violations = _load_groups(groups_file, num_ranks)
     violations += group_violations
@@ -167,6 +171,12 @@ def check_traces(
     violations += _collective_mismatches(collectives, checkable, files, contexts)
     violations += point_to_point.unmatched(p2p_unknown)
     return _fold_warnings(violations)
+
+
+PER_CLASS_SET = (
+    "the set holds one file per rank class (flint extract --rank-files classes), which Flint's estimator "
+    "reads; ASTRA-sim needs every rank's: extract again with --rank-files all"
+)
 
 
 def _fold_warnings(violations: list[Violation]) -> list[Violation]:

@@ -28,6 +28,9 @@ GROUP_ID_DIGITS = 18
 """Group ids are decimal strings of at most this many digits, so that they fit 64 bits."""
 _GROUP_ID = re.compile(rf"[0-9]{{1,{GROUP_ID_DIGITS}}}")
 MANIFEST = "manifest.json"
+RANK_FILES, ALL_RANK_FILES, ONE_PER_CLASS = "rank_files", "all", "classes"
+"""The manifest key that says which rank files a set holds: every rank's (the Chakra trace ASTRA-sim
+runs), or one per rank class (`flint extract --rank-files classes`), which Flint's estimator reads."""
 INTEGER_KINDS = frozenset(
     f"{kind}_val"
     for kind in (
@@ -217,6 +220,18 @@ def manifest_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None
     return ranks
 
 
+def per_class_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None:
+    """The whole mesh's rank count where the set holds one file per rank class, else None. Such a
+    set is Flint's own and has a readable manifest, or it would not be one."""
+    try:
+        recorded = read_manifest(directory, prefix)
+    except TraceFormatError:
+        return None
+    if recorded is None or recorded.get(RANK_FILES) != ONE_PER_CLASS:
+        return None
+    return manifest_ranks(directory, prefix)
+
+
 def _read_json(path: str | os.PathLike[str], what: str) -> Any:
     """A JSON file's value; anything that makes it unreadable (bytes, syntax, nesting, a number
     too long to convert) is a format error of the file, not a crash."""
@@ -253,7 +268,7 @@ def locate_traces(
         path = path.parent
     prefix, paths = find_traces(path, prefix)
     groups = read_groups_if_any(comm_groups_path(path, prefix, groups_file))
-    num_ranks = max(parse_trace_name(p)[1] for p in paths) + 1
+    num_ranks = per_class_ranks(path, prefix) or max(parse_trace_name(p)[1] for p in paths) + 1
     chosen = chosen or paths
     if rank is not None:
         chosen = [p for p in chosen if parse_trace_name(p)[1] == rank]

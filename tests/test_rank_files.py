@@ -1,0 +1,93 @@
+"""`flint extract --rank-files classes`: one file per rank class, enough for Flint's estimator.
+
+A pipelined GPT on `pp=2,data=2,tensor=2` has two rank classes, its two stages: every rank of a
+stage runs the same nodes and differs only in group ids and peers. The mesh puts `pp` first, so
+stage 1's lowest rank is 8 / 2 = 4, and the set holds ranks 0 and 4 only. The estimator must give
+the same step from those two files as from every rank's, which it schedules rank by rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTRACT = [
+    "extract", str(ROOT / "examples" / "gpt.py"), "--mesh", "pp=2,data=2,tensor=2", "--strategy", "dp+tp",
+    "--pipeline-stages", "2", "--microbatches", "4", "--backend", "cpu", "--model-arg", "layers=4",
+    "--force", "--json",
+]
+
+
+def flint(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flint", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The same step extracted with every rank's file and with one per class."""
+    found = {}
+    for kind in ("all", "classes"):
+        out = tmp_path_factory.mktemp(kind) / "gpt"
+        run = flint(*EXTRACT, "-o", str(out), "--rank-files", kind)
+        assert run.returncode == 0, run.stderr
+        found[kind] = out, json.loads(run.stdout)
+    return found
+
+
+def rank_files(directory: Path) -> dict[int, int]:
+    """Rank -> size in bytes of its `.et` file."""
+    return {int(name.split(".")[1]): (directory / name).stat().st_size
+            for name in os.listdir(directory) if name.endswith(".et")}
+
+
+def test_one_file_per_stage_and_the_manifest_says_so(traces):
+    directory, summary = traces["classes"]
+    assert sorted(rank_files(directory)) == [0, 4]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["rank_files"] == "classes" and manifest["ranks"] == 8
+    assert [entry["ranks"] for entry in manifest["rank_totals"]] == [[[0, 3]], [[4, 7]]]
+    assert summary["rank_files"] == "classes" and summary["files"] == 5  # 2 traces, groups, graph, manifest
+
+
+def test_sizes_told_match_the_files(traces):
+    """The bytes the summary reports are those on disk; every rank's, estimated from one file per
+    class, is within the few bytes by which group ids and peers change a file's varints."""
+    classes_dir, classes = traces["classes"]
+    all_dir, every = traces["all"]
+    written = rank_files(classes_dir)
+    assert classes["trace_bytes"] == sum(written.values())
+    on_disk = sum(rank_files(all_dir).values())
+    assert every["trace_bytes"] == every["every_rank_trace_bytes"] == on_disk
+    assert classes["every_rank_trace_bytes"] == pytest.approx(on_disk, rel=1e-3)
+    assert classes["every_rank_trace_bytes"] == 4 * written[0] + 4 * written[4]
+
+
+def test_the_estimate_is_every_ranks(traces):
+    steps = {}
+    for kind, (directory, _) in traces.items():
+        run = flint("simulate", str(directory), "--engine", "flint", "--json", "-o", str(directory.parent / "sim"))
+        assert run.returncode == 0, run.stderr
+        steps[kind] = json.loads(run.stdout)
+    assert steps["classes"]["step_us"] == pytest.approx(steps["all"]["step_us"], rel=1e-9)
+    by_rank = {r["rank"]: r for r in steps["all"]["per_rank"]}
+    assert len(steps["classes"]["per_rank"]) == 8
+    for rank in steps["classes"]["per_rank"]:
+        assert rank["step_us"] == pytest.approx(by_rank[rank["rank"]]["step_us"], rel=1e-9)
+
+
+def test_astra_sim_and_check_say_every_rank_is_needed(traces):
+    directory, _ = traces["classes"]
+    run = flint("simulate", str(directory), "--engine", "astra-sim")
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "--rank-files all" in run.stderr
+    check = flint("check", str(directory), "--json")
+    findings = json.loads(check.stdout)
+    assert check.returncode == 1
+    assert [(f["rule"], f["severity"]) for f in findings["violations"]] == [("rank-files", "error")]
+    assert "--rank-files all" in findings["violations"][0]["message"]
