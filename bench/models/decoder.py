@@ -34,8 +34,7 @@ BETA1, BETA2, LEARNING_RATE, EPS = 0.9, 0.95, 1e-4, 1e-8
 NORM_EPS, ROPE_BASE = 1e-5, 500000.0
 
 
-def layer_shapes(arch, hidden, heads, kv_heads, ffn):
-    head_dim = hidden // heads
+def layer_shapes(arch, hidden, heads, kv_heads, ffn, head_dim):
     if arch == "gpt":
         return {
             "ln1_s": (hidden,), "ln1_b": (hidden,), "wqkv": (hidden, 3, heads, head_dim),
@@ -52,11 +51,11 @@ def layer_shapes(arch, hidden, heads, kv_heads, ffn):
     raise ValueError(f"arch must be 'gpt' or 'llama', not {arch!r}")
 
 
-def param_shapes(arch, layers, hidden, heads, kv_heads, ffn, seq, vocab):
+def param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab):
     top = {"embed": (vocab, hidden), "head": (hidden, vocab)}
     top.update({"pos": (seq, hidden), "lnf_s": (hidden,), "lnf_b": (hidden,)} if arch == "gpt"
                else {"nf": (hidden,)})
-    stacked = {k: (layers, *s) for k, s in layer_shapes(arch, hidden, heads, kv_heads, ffn).items()}
+    stacked = {k: (layers, *s) for k, s in layer_shapes(arch, hidden, heads, kv_heads, ffn, head_dim).items()}
     return {**top, "layers": stacked}
 
 
@@ -180,14 +179,17 @@ def decode_step(arch):
 
 
 def workload(mesh, arch="gpt", mode="train", layers=24, hidden=2048, heads=16, kv_heads=0, ffn=0,
-             seq=2048, vocab=51200, batch=8):
+             seq=2048, vocab=51200, batch=8, head_dim=0):
     """The step and its abstract inputs. `kv_heads` 0 means as many as `heads`; `ffn` 0 means
-    4 x hidden for GPT and 3.5 x hidden (rounded to 256) for Llama."""
+    4 x hidden for GPT and 3.5 x hidden (rounded to 256) for Llama; `head_dim` 0 means hidden /
+    heads (another value gives one tensor-parallel rank's share of a larger model: its heads, its
+    slice of the MLP and of the vocabulary, at the model's width)."""
     kv_heads = kv_heads or heads
+    head_dim = head_dim or hidden // heads
     ffn = ffn or (4 * hidden if arch == "gpt" else -(-7 * hidden // 2 // 256) * 256)
     batch_axes = tuple(mesh.axis_names)
     sharded = lambda shape, dtype, spec: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
-    shapes = param_shapes(arch, layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    shapes = param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab)
     state = lambda dtype: jax.tree.map(lambda s: sharded(s, dtype, P()), shapes,
                                        is_leaf=lambda s: isinstance(s, tuple))
     if mode == "train":
@@ -195,7 +197,7 @@ def workload(mesh, arch="gpt", mode="train", layers=24, hidden=2048, heads=16, k
         count = sharded((), jnp.int32, P())
         return train_step(arch), (state(PARAM), state(STATE), state(STATE), count, tokens, tokens)
     if mode == "decode":
-        cache_shape = (layers, batch, seq, kv_heads, hidden // heads)
+        cache_shape = (layers, batch, seq, kv_heads, head_dim)
         cache = {name: sharded(cache_shape, PARAM, P(None, batch_axes)) for name in ("k", "v")}
         tokens = sharded((batch, 1), jnp.int32, P(batch_axes, None))
         return decode_step(arch), (state(PARAM), cache, tokens, sharded((), jnp.int32, P()))
