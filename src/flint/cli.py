@@ -546,8 +546,8 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     """
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
-
     from flint.step.models import reader_collectives
+    from flint.trace.reader import parse_trace_name, per_class_ranks
     from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, rank, groups_file)
@@ -561,7 +561,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
         return
     how = "as NCCL runs them" if collectives == "nccl" else "as ASTRA-sim times them"
     source = str(path)
-    if rank is None and len(files.paths) < files.num_ranks:
+    if rank is None and path.is_dir() and per_class_ranks(path, parse_trace_name(files.paths[0])[0]):
         source += f", one file per rank class of {files.num_ranks:,} ranks"
     stdout.print(inspect_view(source, summaries, compute.label, f"{how} on {model.network.name}"))
 

@@ -72,9 +72,11 @@ COMPUTE, COMM = "compute", "comm"
 """The streams a slice runs on."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Slice:
-    """One node's run: on which rank and stream, from when (µs after the step began), how long."""
+    """One node's run: on which rank and stream, from when (µs after the step began), how long.
+    Its node's attributes (`args`) are read only when asked for: a pipelined step of a large model
+    has millions of slices, and most readers want only their times."""
 
     rank: int
     node_id: int
@@ -82,11 +84,16 @@ class Slice:
     stream: str
     start: float
     duration: float
-    args: dict[str, Any] = field(default_factory=dict)
+    node: pb.Node | None = field(default=None, compare=False, repr=False)
 
     @property
     def end(self) -> float:
         return self.start + self.duration
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """What a viewer shows on click: the node's id, type and scalar attributes."""
+        return {} if self.node is None else _args(self.node)
 
 
 @dataclass(frozen=True)
@@ -274,7 +281,7 @@ class _Simulation:
         node = rank.nodes[node_id]
         duration = self.duration(rank, node) if arrives is None else max(0.0, arrives - now)
         name = node.name or f"{enum_name(pb.NodeType, node.type)} {node_id}"
-        self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, _args(node)))
+        self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, node))
         heapq.heappush(self.events, (now + duration, rank.rank, node_id))
         return now + duration
 
