@@ -91,3 +91,26 @@ def test_astra_sim_and_check_say_every_rank_is_needed(traces):
     assert check.returncode == 1
     assert [(f["rule"], f["severity"]) for f in findings["violations"]] == [("rank-files", "error")]
     assert "--rank-files all" in findings["violations"][0]["message"]
+
+
+@pytest.mark.parametrize(("engine", "keep", "expected"), [
+    ("flint", False, "classes"),  # only the estimator reads the trace, which is then deleted
+    ("flint", True, "all"),  # a kept trace is the user's: every rank's file
+    ("auto", False, "all"),  # ASTRA-sim may run it
+])
+def test_a_sweep_point_writes_one_file_per_class_only_for_the_estimator(tmp_path, engine, keep, expected):
+    from flint.exploration.point import Processes, run_point
+    from flint.exploration.spec import Point
+
+    commands = []
+
+    class Recording(Processes):
+        def run(self, command):
+            commands.append(command)
+            return subprocess.CompletedProcess(command, 2, "", "error: refused\n")
+
+    record = run_point(Path("m.py"), Point("data=2"), tmp_path / "p", keep_traces=keep, processes=Recording(),
+                       engine=engine)
+    assert record["status"] == "skipped"
+    (command,) = commands
+    assert command[command.index("--rank-files") + 1] == expected
