@@ -64,7 +64,12 @@ def peer_bytes(src: int, dst: int) -> bytes:
 
 
 class NodeMessages:
-    """The rank-independent part of each planned node's message."""
+    """The rank-independent part of each planned node's message.
+
+    A compute node's attributes and exact time depend only on what it computes, which a pipelined
+    graph repeats in every forward and backward copy of its piece: they are serialized and timed
+    once per distinct kernel (`_kernel`), and each node adds what differs (its id, name,
+    dependencies and rounded duration) in front, as protobuf writes fields in number order."""
 
     def __init__(self, graph: WorkloadGraph, device: Device, durations: str,
                  estimates: Mapping[int, float] | None = None):
@@ -72,6 +77,38 @@ class NodeMessages:
         self.device = device
         self.durations = durations
         self.estimates = estimates
+        self._kernels: dict[tuple, tuple[bytes, float]] = {}
+
+    def _kernel(self, data: dict) -> tuple[bytes, float]:
+        """A compute node's serialized attributes and exact time."""
+        gemm = data.get("gemm")
+        key = (data["op"], data["flops"], data["bytes"], data["transcendentals"], data.get("kernel"),
+               data.get("kernel_name"), tuple(gemm) if gemm is not None else None,
+               data.get("instruction") if self.durations == "xla" else None)
+        found = self._kernels.get(key)
+        if found is None:
+            attrs = [_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"]),
+                     _attr("num_ops", int64_val=max(1, data["flops"])),
+                     _attr("tensor_size", uint64_val=max(1, data["bytes"]))]
+            if data["transcendentals"]:
+                attrs.append(_attr("transcendentals", int64_val=data["transcendentals"]))
+            if "kernel" in data:
+                attrs.append(_attr("kernel", string_val=data["kernel"]))
+            if "kernel_name" in data:
+                attrs.append(_attr("kernel_name", string_val=data["kernel_name"]))
+            if gemm is not None:
+                attrs.append(_attr("gemm", int64_list=pb.Int64List(values=gemm)))
+            found = self._kernels[key] = (attributes_bytes(*attrs), self.micros(data))
+        return found
+
+    def compute_bytes(self, planned: Planned, durations: RunningMicros) -> bytes:
+        """A compute node's serialized message. Memory nodes become COMP nodes with one op, so
+        roofline mode times them by bytes alone."""
+        data = self.graph.nodes[planned.node]
+        attrs, micros = self._kernel(data)
+        head = pb.Node(id=planned.id, name=data["name"], type=pb.COMP_NODE, ctrl_deps=planned.ctrl,
+                       data_deps=planned.deps, duration_micros=durations.next(micros))
+        return head.SerializeToString() + attrs
 
     def micros(self, data: dict) -> float:
         """The node's exact time: XLA's estimate for its instruction under `--durations xla`
@@ -82,6 +119,7 @@ class NodeMessages:
                              data.get("kernel"))
 
     def message(self, planned: Planned, durations: RunningMicros) -> pb.Node:
+        """A communication node's message (compute nodes: `compute_bytes`)."""
         data = self.graph.nodes[planned.node]
         message = pb.Node(
             id=planned.id,
@@ -90,25 +128,7 @@ class NodeMessages:
             ctrl_deps=planned.ctrl,
             attr=[_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"])],
         )
-        if planned.kind == COMPUTE:
-            # Memory nodes become COMP nodes with one op, so roofline mode times them by bytes alone.
-            message.type = pb.COMP_NODE
-            message.duration_micros = durations.next(self.micros(data))
-            message.attr.extend(
-                [
-                    _attr("num_ops", int64_val=max(1, data["flops"])),
-                    _attr("tensor_size", uint64_val=max(1, data["bytes"])),
-                ]
-            )
-            if data["transcendentals"]:
-                message.attr.append(_attr("transcendentals", int64_val=data["transcendentals"]))
-            if "kernel" in data:
-                message.attr.append(_attr("kernel", string_val=data["kernel"]))
-            if "kernel_name" in data:
-                message.attr.append(_attr("kernel_name", string_val=data["kernel_name"]))
-            if "gemm" in data:
-                message.attr.append(_attr("gemm", int64_list=pb.Int64List(values=data["gemm"])))
-        elif planned.kind == COLLECTIVE:
+        if planned.kind == COLLECTIVE:
             message.type = pb.COMM_COLL_NODE
             if data["collective"] == "collective_broadcast":
                 # ASTRA-sim replays BROADCAST from its duration: a pipelined chain over the group.
@@ -185,10 +205,10 @@ class ChakraEmitter:
         run = [self._header]
         durations = RunningMicros()
         for planned in plan_class(self.graph, self.classes, cls):
-            message = self._messages.message(planned, durations).SerializeToString()
             if planned.kind == COMPUTE:
-                run.append(encode_delimited(message))
+                run.append(encode_delimited(self._messages.compute_bytes(planned, durations)))
                 continue
+            message = self._messages.message(planned, durations).SerializeToString()
             constants.append(b"".join(run))
             run = []
             if planned.kind == COLLECTIVE:

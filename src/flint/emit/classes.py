@@ -49,31 +49,35 @@ class RankClasses:
 
 def rank_classes(graph: WorkloadGraph) -> RankClasses:
     """Group the ranks by their stage and their role at every permute (one class when there are
-    neither)."""
+    neither). A rank's role is the permutes it sends and receives at, as lists: a pipelined graph
+    has tens of thousands of permutes, each between two stages' ranks only."""
     permutes = tuple(
         node for node, data in graph.nodes() if data.get("collective") == "collective_permute"
     )
-    roles = np.zeros((graph.num_ranks, 1 + 2 * len(permutes)), dtype=np.int64)
-    roles[:, 0] = graph.stage_of_rank()
-    for column, node in enumerate(permutes):
-        pairs = np.asarray(graph.graph.nodes[node]["pairs"], dtype=np.int64)
-        roles[pairs[:, 0], 1 + column] = 1
-        roles[pairs[:, 1], 1 + len(permutes) + column] = 1
     if not permutes and not graph.stages:
         return RankClasses((), (Role((), ()),), np.zeros(graph.num_ranks, dtype=np.int64))
-    distinct, first, inverse = np.unique(roles, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(first)  # number classes by their lowest rank: deterministic, rank 0 first
-    renumber = np.empty_like(order)
-    renumber[order] = np.arange(len(order))
-    return RankClasses(
-        permutes=permutes,
-        roles=tuple(
-            Role(
-                tuple(bool(x) for x in row[1 : 1 + len(permutes)]),
-                tuple(bool(x) for x in row[1 + len(permutes) :]),
-                int(row[0]) if graph.stages else None,
-            )
-            for row in distinct[order]
-        ),
-        of_rank=renumber[inverse.reshape(-1)],
-    )
+    sends: list[list[int]] = [[] for _ in range(graph.num_ranks)]
+    receives: list[list[int]] = [[] for _ in range(graph.num_ranks)]
+    for column, node in enumerate(permutes):
+        for source, target in graph.graph.nodes[node]["pairs"]:
+            sends[source].append(column)
+            receives[target].append(column)
+    stage_of = graph.stage_of_rank().tolist()
+    class_of: dict[tuple, int] = {}  # numbered in order of their lowest rank: deterministic, rank 0 first
+    of_rank = np.empty(graph.num_ranks, dtype=np.int64)
+    roles = []
+    for rank in range(graph.num_ranks):
+        key = (stage_of[rank], tuple(sends[rank]), tuple(receives[rank]))
+        if key not in class_of:
+            class_of[key] = len(roles)
+            roles.append(Role(_marks(key[1], len(permutes)), _marks(key[2], len(permutes)),
+                              key[0] if graph.stages else None))
+        of_rank[rank] = class_of[key]
+    return RankClasses(permutes=permutes, roles=tuple(roles), of_rank=of_rank)
+
+
+def _marks(columns: tuple[int, ...], count: int) -> tuple[bool, ...]:
+    marks = [False] * count
+    for column in columns:
+        marks[column] = True
+    return tuple(marks)

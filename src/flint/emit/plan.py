@@ -38,13 +38,14 @@ def plan_class(graph: WorkloadGraph, classes: RankClasses, cls: int) -> Iterator
     past_graph = graph.graph.number_of_nodes()
     recv_id = {node: past_graph + i for i, node in enumerate(classes.permutes)}
     stands_for: dict[int, tuple[int, ...]] = {}  # permute node -> ids that stand for it here
-    for node, data in graph.nodes():
-        if data.get("stage", role.stage) != role.stage:
-            stands_for[node] = ()  # another stage's node: not in this rank's file
-            continue
+    nodes = graph.nodes_of_stage(role.stage)
+    here = None if role.stage is None else {node for node, _ in nodes}  # None: every node
+    for node, data in nodes:
         found: set[int] = set()
         ordered: set[int] = set()
         for pred, edge in graph.graph.pred[node].items():
+            if here is not None and pred not in here:
+                continue  # another stage's node: not in this rank's file
             (ordered if edge.get("ctrl") else found).update(stands_for.get(pred, (pred,)))
         deps, ctrl = tuple(sorted(found)), tuple(sorted(ordered - found))
         if data["kind"] != "collective":

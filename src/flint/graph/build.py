@@ -89,6 +89,22 @@ class WorkloadGraph:
         """`(id, attributes)` in program (topological) order."""
         return sorted(self.graph.nodes(data=True))
 
+    def nodes_of_stage(self, stage: int | None) -> list[tuple[int, dict]]:
+        """`nodes()` that a rank of pipeline `stage` runs: its stage's and the unstaged ones (all
+        of them for None). Indexed for every stage at the first call, since a pipelined graph of a
+        large model has millions of nodes over dozens of stages, each of whose files reads it."""
+        if stage is None:
+            return self.nodes()
+        by_stage = self.__dict__.get("_by_stage")
+        if by_stage is None:
+            by_stage = [[] for _ in self.stages]
+            for node, data in self.nodes():
+                on = data.get("stage")
+                for nodes in (by_stage if on is None else (by_stage[on],)):
+                    nodes.append((node, data))
+            object.__setattr__(self, "_by_stage", by_stage)
+        return by_stage[stage]
+
     def stage_of_rank(self) -> np.ndarray:
         """Each rank's pipeline stage, -1 for every rank of a graph without stages."""
         stage_of = np.full(self.num_ranks, -1, dtype=np.int64)
