@@ -31,7 +31,8 @@ it (groups matched by their shape: the ranks' offsets from the group's lowest), 
 as the slowest group of that shape on the network; a SEND meets the RECV of its peer's class
 (matched by the two classes and the tag). Every rank of a class then has its representative's
 times. Where the manifest records no classes, a class's first and last rank files differ in
-shape, or the representatives never meet, every rank is scheduled.
+shape, or the representatives never meet, every rank is scheduled. A set of one file per class
+(`flint extract --rank-files classes`) is always scheduled this way: it has no other ranks' files.
 """
 
 from __future__ import annotations
