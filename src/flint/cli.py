@@ -518,12 +518,6 @@ def _manifest_of(path: Path, files) -> dict | None:
         raise FlintError(f"{exc}: extract the trace again") from None
 
 
-def _timer(compute, link_gbps: float, link_latency_us: float, groups, num_ranks: int):
-    from flint.trace.timing import Link, NodeTimer
-
-    return NodeTimer(compute, Link(link_gbps, link_latency_us), groups, num_ranks)
-
-
 @main.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--rank", type=int, help="Show this rank only.")
@@ -990,16 +984,22 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
               help="Refuse ranks with more nodes than this.")
 @click.option("--prefix", help="Trace name prefix, when a directory holds several traces.")
 @_groups_option
-@_timing_options
-def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durations, link_gbps, link_latency_us):
+@_compute_options
+@_network_options
+def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durations, network, collectives,
+          link_gbps, link_latency_us):
     """Draw one rank's dependency graph.
 
-    For small traces: nodes with cost and time, data deps solid, ctrl deps dashed.
+    For small traces: nodes with cost and time, data deps solid, ctrl deps dashed. Nodes are timed
+    as inspect and timeline time them: collectives as NCCL runs them on --network.
     """
     from flint.analysis.dot import write_graph
+    from flint.step.models import reader_collectives
+    from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, None if path.is_file() else rank, groups_file)
-    timer = _timer(_compute(path, files, device_spec, durations), link_gbps, link_latency_us, files.groups,
-                   files.num_ranks)
+    model = reader_collectives(network, _manifest_of(path, files), files.num_ranks, link_gbps, link_latency_us,
+                               model=collectives)
+    timer = NodeTimer(_compute(path, files, device_spec, durations), Link(), files.groups, files.num_ranks, model)
     write_graph(_read_trace(files.paths[0]), timer, output, max_nodes)
     stdout.print(f"wrote {output}")
