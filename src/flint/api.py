@@ -30,9 +30,7 @@ from flint.pipeline import ExtractRequest, Report, extract_isolated
 from flint.pipelining import PipelineRequest
 from flint.simulation import SimulateRequest
 from flint.simulation import simulate as run_simulation
-from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS
-
-RANK_FILE_CHOICES = (ALL_RANK_FILES, ONE_PER_CLASS)
+from flint.trace.reader import ALL_RANK_FILES, RANK_FILE_CHOICES
 
 
 def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend: str = DEFAULT_BACKEND,

@@ -32,6 +32,7 @@ from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.pipelining import SCHEDULES
+from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS, RANK_FILE_CHOICES
 from flint.version import __version__
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # long paths stay on one line
@@ -209,7 +210,7 @@ def _format_summary(summary: dict) -> None:
             f"  pipeline              {p['stages']} stages x {p['microbatches']} microbatches "
             f"({p['schedule']}), {p['activation_bytes']:,} bytes per activation"
         )
-    per_class = ", one rank trace per class" if summary["rank_files"] == "classes" else ""
+    per_class = ", one rank trace per class" if summary["rank_files"] == ONE_PER_CLASS else ""
     stdout.print(f"wrote {summary['output']} ({summary['files']} files{per_class}) in {summary['seconds']:.1f} s")
 
 
@@ -274,7 +275,7 @@ def _model_arg_option(command):
               help="Donate the step arguments an output replaces (parameters, optimizer state), or "
                    "the model file's donate_argnums, as a training step does: memory per rank "
                    "holds one copy of them.")
-@click.option("--rank-files", type=click.Choice(["all", "classes"]), default="all", show_default=True,
+@click.option("--rank-files", type=click.Choice(RANK_FILE_CHOICES), default=ALL_RANK_FILES, show_default=True,
               help="all: a file for every rank, the Chakra trace ASTRA-sim runs. classes: one file per "
                    "rank class (ranks that run the same work, e.g. a pipeline stage), which is all that "
                    "simulate --engine flint, timeline, inspect and sweep need; for meshes whose every "
@@ -379,7 +380,7 @@ def extract(model, mesh_spec, output, name, device_spec, stage, durations, backe
 def _note_trace_size(request, one_per_class: int, every_rank: int) -> None:
     """Say how large the rank files will be before they are written, from `LARGE_TRACE_BYTES` on,
     with the other choice of --rank-files beside it."""
-    if request.rank_files == "classes":
+    if request.rank_files == ONE_PER_CLASS:
         if max(one_per_class, every_rank) >= LARGE_TRACE_BYTES:
             stderr.print(f"[yellow]note:[/] writing one rank trace per class, {_size(one_per_class)} (every "
                          f"rank's {request.mesh.size:,} would take about {_size(every_rank)})")
@@ -541,7 +542,6 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
     from flint.step.models import reader_collectives
-    from flint.trace.reader import parse_trace_name, per_class_ranks
     from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, rank, groups_file)
@@ -555,7 +555,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
         return
     how = "as NCCL runs them" if collectives == "nccl" else "as ASTRA-sim times them"
     source = str(path)
-    if rank is None and path.is_dir() and per_class_ranks(path, parse_trace_name(files.paths[0])[0]):
+    if rank is None and path.is_dir() and files.one_per_class:
         source += f", one file per rank class of {files.num_ranks:,} ranks"
     stdout.print(inspect_view(source, summaries, compute.label, f"{how} on {model.network.name}"))
 

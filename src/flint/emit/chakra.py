@@ -42,6 +42,11 @@ def _attr(name: str, **value) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, **value)
 
 
+def _every_node(data: dict) -> list[pb.AttributeProto]:
+    """The attributes every node starts with: accelerator work, and the op it runs."""
+    return [_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"])]
+
+
 def _origin(data: dict) -> list[pb.AttributeProto]:
     """Where a communication node came from, now that its name says what it is: the op path
     (`source_op`) and source line (`source`) it was compiled from, where known. Compute nodes carry
@@ -87,8 +92,7 @@ class NodeMessages:
                data.get("instruction") if self.durations == "xla" else None)
         found = self._kernels.get(key)
         if found is None:
-            attrs = [_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"]),
-                     _attr("num_ops", int64_val=max(1, data["flops"])),
+            attrs = [*_every_node(data), _attr("num_ops", int64_val=max(1, data["flops"])),
                      _attr("tensor_size", uint64_val=max(1, data["bytes"]))]
             if data["transcendentals"]:
                 attrs.append(_attr("transcendentals", int64_val=data["transcendentals"]))
@@ -126,7 +130,7 @@ class NodeMessages:
             name=data["name"],
             data_deps=planned.deps,
             ctrl_deps=planned.ctrl,
-            attr=[_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"])],
+            attr=_every_node(data),
         )
         if planned.kind == COLLECTIVE:
             message.type = pb.COMM_COLL_NODE

@@ -21,6 +21,7 @@ from typing import Any
 from flint.errors import FlintError
 from flint.exploration.spec import Point, ranks
 from flint.simulation import SimulateRequest, simulate
+from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS
 
 INTERRUPTED = {130, 143, -2, -15}
 """Exit statuses of a `flint` command stopped by SIGINT or SIGTERM (as a shell or Python reports them)."""
@@ -61,7 +62,7 @@ class Processes:
                 process.terminate()
 
 
-def extract_command(model: Path, point: Point, output: Path, rank_files: str = "all") -> list[str]:
+def extract_command(model: Path, point: Point, output: Path, rank_files: str = ALL_RANK_FILES) -> list[str]:
     """`flint extract` for `point`, writing its trace (`--rank-files rank_files`) to `output`."""
     command = [sys.executable, "-m", "flint", "extract", str(model), "--mesh", point.mesh, "-o", str(output),
                "--force", "--json", "--rank-files", rank_files]
@@ -91,7 +92,7 @@ def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = 
     trace = workdir / "trace"
     record = base_record(point)
     # The estimator alone needs one file per rank class; a trace kept, or given to ASTRA-sim, has every rank's.
-    rank_files = "classes" if engine == "flint" and not keep_traces else "all"
+    rank_files = ONE_PER_CLASS if engine == "flint" and not keep_traces else ALL_RANK_FILES
     try:
         record |= _extract_and_simulate(model, point, trace, simulator, processes, engine, rank_files)
     finally:
@@ -102,7 +103,8 @@ def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = 
 
 
 def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str | None,
-                          processes: Processes, engine: str = "auto", rank_files: str = "all") -> dict[str, Any]:
+                          processes: Processes, engine: str = "auto", rank_files: str = ALL_RANK_FILES
+                          ) -> dict[str, Any]:
     started = time.perf_counter()
     extracted = processes.run(extract_command(model, point, trace, rank_files))
     record: dict[str, Any] = {"extract_seconds": round(time.perf_counter() - started, 3)}

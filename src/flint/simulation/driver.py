@@ -33,7 +33,7 @@ from flint.step.nccl import NcclModel
 from flint.trace.errors import TraceFormatError
 from flint.step.network import mesh_axes, network_for
 from flint.trace.contract import PER_CLASS_SET
-from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, per_class_ranks, read_manifest
+from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
 from flint.step.models import COLLECTIVE_MODELS
 from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
@@ -153,10 +153,9 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         else CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides}))
     notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
              for found in [model.unmodelled()] if found]
-    per_class = len(files.paths) < files.num_ranks and per_class_ranks(request.directory, prefix) is not None
-    if per_class and request.engine == "astra-sim":
+    if files.one_per_class and request.engine == "astra-sim":
         raise FlintError(f"{request.directory}: {PER_CLASS_SET}")
-    simulator = find_simulator(request.simulator) if request.engine != "flint" and not per_class else None
+    simulator = find_simulator(request.simulator) if request.engine != "flint" and not files.one_per_class else None
     use_flint = request.engine == "flint" or (
         request.engine == "auto" and (simulator is None or files.num_ranks > ASTRA_SIM_MAX_RANKS))
     if use_flint:

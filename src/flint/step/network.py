@@ -214,7 +214,7 @@ def _cluster_of(dimensions: Sequence[Dimension], name: str) -> NetworkFile:
     """What NCCL's model times on for a network given as ASTRA-sim's dimensions: dimension 0 is a
     node of NVLink-connected GPUs at its bandwidth, the others one NIC per GPU at dimension 1's."""
     first = dimensions[0]
-    node = NodeTier(first.npus if len(dimensions) > 1 else None, "nvlink", first.bandwidth_gbps * GIB / 1e9, 16,
+    node = NodeTier(first.npus if len(dimensions) > 1 else None, "nvlink", first.bandwidth_gbps * GIB / 1e9,
                     astra_sim_gbps=first.bandwidth_gbps, astra_sim_latency_ns=first.latency_ns)
     out = None
     if len(dimensions) > 1:

@@ -42,7 +42,7 @@ class NodeTier:
     gpus: int | None
     link: str
     bus_gbps: float
-    channels: int
+    channels: int = 16
     nvls_bus_gbps: tuple[float, ...] = ()
     nvls_latency_us: float = 0.0
     astra_sim_gbps: float = 400.0
@@ -111,11 +111,11 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             gpus=_count(node, "gpus") if "gpus" in node else None,
             link=_choice(node, "link", LINKS, "nvlink"),
             bus_gbps=_number(node, "bus_gbps", positive=True),
-            channels=_count(node, "channels") if "channels" in node else 16,
+            channels=_count(node, "channels") if "channels" in node else NodeTier.channels,
             nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
-            nvls_latency_us=_number(node, "nvls_latency_us", default=0.0),
-            astra_sim_gbps=_number(node, "astra_sim_gbps", positive=True, default=400.0),
-            astra_sim_latency_ns=_number(node, "astra_sim_latency_ns", default=936.25),
+            nvls_latency_us=_number(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
+            astra_sim_gbps=_number(node, "astra_sim_gbps", positive=True, default=NodeTier.astra_sim_gbps),
+            astra_sim_latency_ns=_number(node, "astra_sim_latency_ns", default=NodeTier.astra_sim_latency_ns),
         )
         out = data.get("scale_out")
         scale_out = None
@@ -125,10 +125,10 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             scale_out = ScaleOut(
                 nics=_count(out, "nics"),
                 nic_gbps=_number(out, "nic_gbps", positive=True),
-                latency_us=_number(out, "latency_us", default=0.0),
-                sharp=bool(out.get("sharp", False)),
-                astra_sim_gbps=_number(out, "astra_sim_gbps", positive=True, default=50.0),
-                astra_sim_latency_ns=_number(out, "astra_sim_latency_ns", default=2000.0),
+                latency_us=_number(out, "latency_us", default=ScaleOut.latency_us),
+                sharp=bool(out.get("sharp", ScaleOut.sharp)),
+                astra_sim_gbps=_number(out, "astra_sim_gbps", positive=True, default=ScaleOut.astra_sim_gbps),
+                astra_sim_latency_ns=_number(out, "astra_sim_latency_ns", default=ScaleOut.astra_sim_latency_ns),
             )
         if tier.gpus is None and scale_out is not None:
             raise ValueError("a [scale_out] needs node.gpus: how many GPUs share a node")

@@ -55,7 +55,6 @@ from flint.trace.reader import (
     enum_name,
     locate_traces,
     parse_trace_name,
-    per_class_ranks,
     read_manifest,
     read_trace,
     read_trace_set,
@@ -162,7 +161,7 @@ def load_timeline(
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
     files = locate_traces(directory, prefix, groups_file=groups_file)
-    if len(files.paths) < files.num_ranks and per_class_ranks(directory, parse_trace_name(files.paths[0])[0]):
+    if files.one_per_class:
         return _schedule_per_class_set(directory, files, timer_for(files.groups, files.num_ranks), issue)
     if by_class is not False:
         if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:

@@ -31,6 +31,7 @@ MANIFEST = "manifest.json"
 RANK_FILES, ALL_RANK_FILES, ONE_PER_CLASS = "rank_files", "all", "classes"
 """The manifest key that says which rank files a set holds: every rank's (the Chakra trace ASTRA-sim
 runs), or one per rank class (`flint extract --rank-files classes`), which Flint's estimator reads."""
+RANK_FILE_CHOICES = (ALL_RANK_FILES, ONE_PER_CLASS)
 INTEGER_KINDS = frozenset(
     f"{kind}_val"
     for kind in (
@@ -248,6 +249,8 @@ class TraceFiles:
     paths: list[Path]
     groups: dict[int, tuple[int, ...]]
     num_ranks: int
+    one_per_class: bool = False
+    """The set holds one file per rank class (`per_class_ranks`), not every rank's."""
 
 
 def locate_traces(
@@ -268,13 +271,15 @@ def locate_traces(
         path = path.parent
     prefix, paths = find_traces(path, prefix)
     groups = read_groups_if_any(comm_groups_path(path, prefix, groups_file))
-    num_ranks = per_class_ranks(path, prefix) or max(parse_trace_name(p)[1] for p in paths) + 1
+    recorded = per_class_ranks(path, prefix)
+    num_ranks = recorded or max(parse_trace_name(p)[1] for p in paths) + 1
+    one_per_class = recorded is not None and len(paths) < recorded
     chosen = chosen or paths
     if rank is not None:
         chosen = [p for p in chosen if parse_trace_name(p)[1] == rank]
         if not chosen:
             raise FileNotFoundError(f"{path}: no trace file for rank {rank}")
-    return TraceFiles(chosen, groups, num_ranks)
+    return TraceFiles(chosen, groups, num_ranks, one_per_class)
 
 
 def read_groups_if_any(path: Path) -> dict[int, tuple[int, ...]]:
