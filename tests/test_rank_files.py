@@ -114,3 +114,19 @@ def test_a_sweep_point_writes_one_file_per_class_only_for_the_estimator(tmp_path
     assert record["status"] == "skipped"
     (command,) = commands
     assert command[command.index("--rank-files") + 1] == expected
+
+
+def test_a_set_whose_classes_are_single_ranks_is_every_ranks(tmp_path):
+    """On `pp=2` each stage is one rank, so one file per class is every rank's file: check and
+    simulate both take it as a whole trace, which ASTRA-sim can run."""
+    out = tmp_path / "gpt"
+    run = flint("extract", str(ROOT / "examples" / "gpt.py"), "--mesh", "pp=2", "--pipeline-stages", "2",
+                "--microbatches", "2", "--backend", "cpu", "--model-arg", "layers=2", "--rank-files", "classes",
+                "-o", str(out), "--json")
+    assert run.returncode == 0, run.stderr
+    assert sorted(rank_files(out)) == [0, 1]
+    check = flint("check", str(out), "--json")
+    assert check.returncode == 0, check.stdout
+    from flint.trace.reader import locate_traces
+
+    assert not locate_traces(out).one_per_class
