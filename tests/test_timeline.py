@@ -214,3 +214,24 @@ def test_one_rank_per_class_gives_every_rank_its_full_schedule(tmp_path: Path) -
     (directory / "manifest.json").write_text(json.dumps({"name": "flint", "ranks": 4,
                                                          "rank_totals": [{"ranks": [[0, 3]]}]}))
     assert load_timeline(directory, None, timer, by_class=True).represents is None
+
+
+def test_simulate_reads_each_file_of_the_set_once(tmp_path: Path, monkeypatch) -> None:
+    """`flint simulate` (and `flint timeline`, the same schedule) opens the set once: the check
+    before the schedule leaves each rank file's bytes for it, and the manifest and groups are read
+    once, where each reader used to read them again (the rank files twice, the manifest four times)."""
+    import flint.trace.contract as contract
+    import flint.trace.reader as reader
+    from flint.simulation import SimulateRequest, simulate
+
+    directory = two_ranks().write(tmp_path)
+    (directory / "manifest.json").write_text(json.dumps({"name": "flint", "ranks": 2}))
+    reads: list[str] = []
+    for module in (reader, contract):
+        monkeypatch.setattr(module, "load_bytes", lambda path, load=module.load_bytes: reads.append(Path(path).name)
+                            or load(path))
+    monkeypatch.setattr(reader, "_read_json", lambda path, what, load=reader._read_json: reads.append(Path(path).name)
+                        or load(path, what))
+    result = simulate(SimulateRequest(directory=directory, output=tmp_path / "out"))
+    assert result.ran and result.engine == "flint"
+    assert sorted(reads) == ["flint.0.et", "flint.1.et", "flint.comm_groups.json", "manifest.json"]

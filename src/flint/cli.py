@@ -416,11 +416,16 @@ def _trace_set(directory: Path, prefix: str | None) -> None:
     _located(directory, lambda: find_traces(directory, prefix))
 
 
+def _exists(path: Path) -> None:
+    """One line unless `path` exists."""
+    if not path.exists():
+        raise FlintError(f"{str(path)!r} does not exist: give a trace directory or one .et file")
+
+
 def _located(path: Path, lookup):
     """What `lookup` of the trace files at `path` refuses (none there, several prefixes, an
     unreadable group file), as one line."""
-    if not path.exists():
-        raise FlintError(f"{str(path)!r} does not exist: give a trace directory or one .et file")
+    _exists(path)
     try:
         return lookup()
     except (FileNotFoundError, ValueError) as exc:
@@ -499,22 +504,20 @@ def _network_options(command):
     return command
 
 
-def _compute(path: Path, files, device_spec: str | None, durations: str | None):
-    """How the trace at `path` (a directory or one of its files) times compute."""
+def _compute(files, device_spec: str | None, durations: str | None):
+    """How the opened trace set `files` times compute."""
     from flint.trace.timing import reader_compute
 
     asked = durations not in (None, "trace") or device_spec
-    return reader_compute(device_spec, durations, _manifest_of(path, files) if asked else None)
+    return reader_compute(device_spec, durations, _manifest_of(files) if asked else None)
 
 
-def _manifest_of(path: Path, files) -> dict | None:
-    """The manifest of the trace at `path` (a directory or one of its files), None without one."""
+def _manifest_of(files) -> dict | None:
+    """The manifest of the opened trace set `files`, None without one."""
     from flint.trace.errors import TraceFormatError
-    from flint.trace.reader import parse_trace_name, read_manifest
 
-    directory = path if path.is_dir() else path.parent
     try:
-        return read_manifest(directory, parse_trace_name(files.paths[0])[0])
+        return files.recorded()
     except TraceFormatError as exc:
         raise FlintError(f"{exc}: extract the trace again") from None
 
@@ -545,8 +548,8 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, rank, groups_file)
-    compute = _compute(path, files, device_spec, durations)
-    model = reader_collectives(network, _manifest_of(path, files), files.num_ranks, link_gbps, link_latency_us,
+    compute = _compute(files, device_spec, durations)
+    model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
     timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
     summaries = [summarize(_read_trace(f), timer) for f in files.paths]
@@ -632,20 +635,17 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     Refuses a trace that breaks the contract (see `flint check`).
     """
     from flint.analysis.timeline import to_trace_events
-    from flint.step.schedule import AS_ASTRA_SIM, load_timeline
+    from flint.step.schedule import AS_ASTRA_SIM, schedule_trace_set
     from flint.analysis.views import timeline_view
     from flint.step.models import reader_collectives
     from flint.trace.timing import Link, NodeTimer
 
-    _trace_set(directory, prefix)
     files = _trace_files(directory, prefix, None, groups_file)
-    compute = _compute(directory, files, device_spec, durations)
-    model = reader_collectives(network, _manifest_of(directory, files), files.num_ranks, link_gbps,
+    compute = _compute(files, device_spec, durations)
+    model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps,
                                link_latency_us, model=collectives)
-    scheduled = load_timeline(
-        directory, prefix,
-        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model),
-        groups_file, issue=AS_ASTRA_SIM,
+    scheduled = schedule_trace_set(
+        files, lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model), issue=AS_ASTRA_SIM,
     )
     metadata = {"trace": str(directory), "compute": compute.label, "network": model.network.as_json(),
                 "collectives": collectives}
@@ -721,7 +721,7 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
     from flint.simulation import simulate as run_simulation
     from flint.simulation.view import simulation_view
 
-    _trace_set(directory, prefix)
+    _exists(directory)  # the rest is judged as the set is opened, once
     request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
                               timeout=timeout, groups=groups_file,
@@ -827,7 +827,7 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
     from flint.trace.timing import Link
 
     # A fresh extraction is written on --device; a given trace is timed as the other readers time it.
-    compute = _compute(traces, _trace_files(traces, None), device_spec, durations) if traces else None
+    compute = _compute(_trace_files(traces, None), device_spec, durations) if traces else None
     request = ValidateRequest(
         model=model,
         mesh=parse_mesh(mesh_spec),
@@ -953,7 +953,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
     steps, bases = [], {}
     for profile, trace in zip(pairs[::2], pairs[1::2]):
         files = _trace_files(trace, None, None if trace.is_file() else rank)
-        base = reader_compute(device_spec, "calibrated", _manifest_of(trace, files)).device
+        base = reader_compute(device_spec, "calibrated", _manifest_of(files)).device
         bases.setdefault(base.name, base)
         steps.append(ProfiledStep(step_name(profile), read_profile(profile), _read_trace(files.paths[0])))
     if len(bases) > 1:
@@ -998,8 +998,8 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, None if path.is_file() else rank, groups_file)
-    model = reader_collectives(network, _manifest_of(path, files), files.num_ranks, link_gbps, link_latency_us,
+    model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
-    timer = NodeTimer(_compute(path, files, device_spec, durations), Link(), files.groups, files.num_ranks, model)
+    timer = NodeTimer(_compute(files, device_spec, durations), Link(), files.groups, files.num_ranks, model)
     write_graph(_read_trace(files.paths[0]), timer, output, max_nodes)
     stdout.print(f"wrote {output}")

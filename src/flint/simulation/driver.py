@@ -23,18 +23,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flint.step.schedule import AS_ASTRA_SIM, load_timeline
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.run import RankResult, find_simulator, run_simulator
 from flint.step.astra_sim import SYSTEM, CollectiveModel
-from flint.step.nccl import NcclModel
-from flint.trace.errors import TraceFormatError
-from flint.step.network import mesh_axes, network_for
-from flint.trace.contract import PER_CLASS_SET
-from flint.trace.reader import comm_groups_path, locate_traces, parse_trace_name, read_manifest
 from flint.step.models import COLLECTIVE_MODELS
+from flint.step.nccl import NcclModel
+from flint.step.network import mesh_axes, network_for
+from flint.step.schedule import AS_ASTRA_SIM, schedule_trace_set
+from flint.trace.contract import PER_CLASS_SET
+from flint.trace.errors import TraceFormatError
+from flint.trace.reader import TraceFiles, comm_groups_path, locate_traces
 from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
 RESULT = "result.json"
@@ -123,8 +123,8 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         files = locate_traces(request.directory, request.prefix, groups_file=request.groups)
     except (FileNotFoundError, TraceFormatError) as exc:
         raise FlintError(f"{exc}: give a directory written by `flint extract`") from None
-    prefix = parse_trace_name(files.paths[0])[0]
-    manifest = _manifest(request.directory, prefix)
+    prefix = files.prefix
+    manifest = _manifest(files)
     axes = mesh_axes(manifest, files.num_ranks)
     if request.device and not request.roofline:
         raise FlintError("--device times compute in ASTRA-sim's roofline mode: add --roofline (replay "
@@ -160,12 +160,12 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         request.engine == "auto" and (simulator is None or files.num_ranks > ASTRA_SIM_MAX_RANKS))
     if use_flint:
         began = time.perf_counter()
-        step, ranks = estimate(request, compute, model)
+        step, ranks = estimate(files, compute, model)
         seconds = time.perf_counter() - began
         simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes, request.collectives)
         (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
         return simulation
-    estimated = estimate(request, compute, model)[0] if request.estimate else None
+    estimated = estimate(files, compute, model)[0] if request.estimate else None
     if simulator is None:
         return Simulation(inputs, None, [], estimated, None, notes=notes, collectives=request.collectives)
     multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
@@ -183,23 +183,21 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     return simulation
 
 
-def _manifest(directory: Path, prefix: str) -> dict:
+def _manifest(files: TraceFiles) -> dict:
     """Flint's manifest of this trace set, or {} for another producer's trace."""
     try:
-        return read_manifest(directory, prefix) or {}
+        return files.recorded() or {}
     except TraceFormatError as exc:
         raise FlintError(f"{exc}: extract the trace again") from None
 
 
-def estimate(request: SimulateRequest, compute: Compute, model: CollectiveModel | NcclModel
+def estimate(files: TraceFiles, compute: Compute, model: CollectiveModel | NcclModel
              ) -> tuple[float, list[RankResult]]:
     """The estimator's step (µs) and each rank's times (as ASTRA-sim reports them, in ns): `flint
-    timeline`'s schedule with communication timed by `model`, compute as ASTRA-sim times it (the
-    trace's durations, or the roofline in roofline mode)."""
-    timeline = load_timeline(
-        request.directory, request.prefix,
-        lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model),
-        request.groups, issue=AS_ASTRA_SIM,
+    timeline`'s schedule of the opened set with communication timed by `model`, compute as
+    ASTRA-sim times it (the trace's durations, or the roofline in roofline mode)."""
+    timeline = schedule_trace_set(
+        files, lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model), issue=AS_ASTRA_SIM,
     )
     ranks = [RankResult(r.rank, wall=r.step * 1e3, compute=r.compute * 1e3, communication=r.communication * 1e3,
                         overlap=(r.communication - r.exposed) * 1e3, finished=True) for r in timeline.every_rank()]

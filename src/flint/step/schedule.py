@@ -50,14 +50,13 @@ from flint.trace.contract import check_traces
 from flint.trace.node_rules import ALL_RANKS
 from flint.trace.reader import (
     RankTrace,
+    TraceFiles,
     attr_value,
     attribute_value,
     enum_name,
     locate_traces,
     parse_trace_name,
-    read_manifest,
     read_trace,
-    read_trace_set,
     transfer_peers,
 )
 from flint.trace.timing import COMPUTE_TYPES, NodeTimer, group_id
@@ -152,33 +151,40 @@ def load_timeline(
     groups_file: str | os.PathLike[str] | None = None, by_class: bool | None = None,
     issue: str = READY_FIRST,
 ) -> Timeline:
-    """Check and read a trace directory (its groups from `groups_file` where one is named), then
-    schedule it: one rank per class where `by_class` (default: above `FULL_SCHEDULE_MAX_RANKS`
-    ranks, where the manifest records classes), else every rank; nodes issue in the `issue` order
-    (`READY_FIRST` or `AS_ASTRA_SIM`, see the module docstring).
+    """Open a trace directory (its groups from `groups_file` where one is named) and schedule it
+    (`schedule_trace_set`)."""
+    return schedule_trace_set(locate_traces(directory, prefix, groups_file=groups_file), timer_for, by_class, issue)
+
+
+def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = None, issue: str = READY_FIRST
+                       ) -> Timeline:
+    """Check and schedule an opened trace set (`locate_traces`): one rank per class where
+    `by_class` (default: above `FULL_SCHEDULE_MAX_RANKS` ranks, where the manifest records
+    classes), else every rank; nodes issue in the `issue` order (`READY_FIRST` or `AS_ASTRA_SIM`,
+    see the module docstring). Each file is read from disk once: the check leaves its bytes in
+    the set for the schedule.
 
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
-    files = locate_traces(directory, prefix, groups_file=groups_file)
     if files.one_per_class:
-        return _schedule_per_class_set(directory, files, timer_for(files.groups, files.num_ranks), issue)
+        return _schedule_per_class_set(files, timer_for(files.groups, files.num_ranks), issue)
     if by_class is not False:
         if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
-            classes = _rank_classes(directory, files)
+            classes = _rank_classes(files)
             if classes is not None:
                 try:
                     return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue)
                 except FlintError:
                     pass  # representatives that never meet: every rank is scheduled, and checked
-    violations = [v for v in check_traces(directory, prefix, groups_file=groups_file) if v.is_error]
+    violations = [v for v in check_traces(files.directory, opened=files) if v.is_error]
     if violations:
         raise FlintError(
-            f"{directory} breaks the trace contract ({len(violations)} violations, first: "
-            f"{violations[0]}): run `flint check {directory}`"
+            f"{files.directory} breaks the trace contract ({len(violations)} violations, first: "
+            f"{violations[0]}): run `flint check {files.directory}`"
         )
-    traces, groups = read_trace_set(directory, prefix, groups_file)
-    return schedule(traces, groups, timer_for(groups, len(traces)), issue)
+    traces = [files.trace(path) for path in files.paths]
+    return schedule(traces, files.groups, timer_for(files.groups, len(traces)), issue)
 
 
 def schedule(
@@ -426,15 +432,11 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 # -- one rank per class ----------------------------------------------------------------------------
 
 
-def _recorded_classes(directory, files) -> list[list[int]] | None:
+def _recorded_classes(files: TraceFiles) -> list[list[int]] | None:
     """The manifest's classes of ranks (each a list of ranks), or None where it records none or
-    they do not cover every rank once."""
-    prefix = parse_trace_name(files.paths[0])[0]
-    try:
-        manifest = read_manifest(directory, prefix) or {}
-    except Exception:  # an unreadable manifest: schedule every rank, whose check says why
-        return None
-    totals = manifest.get("rank_totals")
+    they do not cover every rank once (or it is unreadable: every rank is then scheduled, and its
+    check says why)."""
+    totals = (files.manifest or {}).get("rank_totals")
     if not isinstance(totals, list) or not totals:
         return None
     classes: list[list[int]] = []
@@ -448,31 +450,34 @@ def _recorded_classes(directory, files) -> list[list[int]] | None:
     return classes if every == list(range(files.num_ranks)) else None
 
 
-def _schedule_per_class_set(directory, files, timer: NodeTimer, issue: str) -> Timeline:
+def _schedule_per_class_set(files: TraceFiles, timer: NodeTimer, issue: str) -> Timeline:
     """A set of one file per class (`flint extract --rank-files classes`): its representatives,
     each class's first rank, are all there is to schedule."""
-    classes = _recorded_classes(directory, files)
+    classes = _recorded_classes(files)
     have = {parse_trace_name(path)[1] for path in files.paths}
     lacking = None if classes is None else next((ranks[0] for ranks in classes if ranks[0] not in have), None)
     if classes is None or lacking is not None:
         what = "its manifest records no rank classes" if classes is None else f"rank {lacking}'s file is missing"
-        raise FlintError(f"{directory} holds one file per rank class but {what}: extract it again")
+        raise FlintError(f"{files.directory} holds one file per rank class but {what}: extract it again")
     try:
         return _schedule_by_class(files, classes, timer, issue)
     except FlintError as exc:
         raise FlintError(f"{exc}: extract again with --rank-files all, whose every rank is scheduled") from None
 
 
-def _rank_classes(directory, files) -> list[list[int]] | None:
+def _rank_classes(files: TraceFiles) -> list[list[int]] | None:
     """The manifest's classes of ranks, or None where it records none, they do not cover every
-    rank once, a rank's file is missing, or a class's first and last rank files differ in shape."""
-    classes = _recorded_classes(directory, files)
+    rank once, a rank's file is missing, or a class's first and last rank files differ in shape
+    (the first ones are then held in the set, for the schedule)."""
+    classes = _recorded_classes(files)
     if classes is None or len(files.paths) != files.num_ranks:
         return None
     by_rank = _paths_by_rank(files)
     for ranks in classes:
-        if len(ranks) > 1 and _shape(read_trace(by_rank[ranks[0]])) != _shape(read_trace(by_rank[ranks[-1]])):
-            return None
+        if len(ranks) > 1:
+            first = files.held[by_rank[ranks[0]]] = read_trace(by_rank[ranks[0]])
+            if _shape(first) != _shape(read_trace(by_rank[ranks[-1]])):
+                return None
     return classes
 
 
@@ -502,7 +507,7 @@ def _paths_by_rank(files) -> _PathsInOrder:
 
 def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue: str) -> Timeline:
     by_rank = _paths_by_rank(files)
-    traces = [read_trace(by_rank[ranks[0]]) for ranks in classes]
+    traces = [files.trace(by_rank[ranks[0]]) for ranks in classes]
     class_of = {}
     for index, ranks in enumerate(classes):
         for rank in ranks:

@@ -38,12 +38,16 @@ from flint.trace.node_rules import (
 )
 from flint.trace.reader import (
     MANIFEST,
+    RankTrace,
+    TraceFiles,
     comm_groups_path,
     decode_trace,
     find_rank_files,
     manifest_ranks,
+    parse_trace_name,
     per_class_ranks,
     read_comm_groups,
+    read_manifest_leniently,
 )
 from flint.trace.shapes import Shapes, shape_of
 from flint.trace.violation import WARNING, Violation
@@ -122,6 +126,7 @@ def check_traces(
     num_ranks: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     groups_file: str | os.PathLike[str] | None = None,
+    opened: TraceFiles | None = None,
 ) -> list[Violation]:
     """Every contract violation of one trace set, errors and warnings (no errors: ASTRA-sim can
     run it).
@@ -130,16 +135,27 @@ def check_traces(
     that the set's manifest.json records, else the highest rank found (which catches gaps but
     not a missing last rank). ``progress(done, total)`` hears how many rank files are checked.
     ``groups_file`` is the comm-groups file where it is not ``<prefix>.comm_groups.json``.
+    ``opened`` is the set as a reader already opened it (`locate_traces`, every rank's file): its
+    listing, manifest and groups are used rather than read again, and each file's bytes are left
+    `held` in it for the reader, which reads it next.
     """
     directory = Path(directory)
-    prefix, files = find_rank_files(directory, prefix)
-    num_ranks, expected, violations = _rank_count(directory, prefix, files, num_ranks)
-    if per_class_ranks(directory, prefix) and len(files) < num_ranks:  # as `locate_traces` tells such a set
-        violations.append(Violation("rank-files", None, None, PER_CLASS_SET))
+    if opened is None:
+        prefix, files = find_rank_files(directory, prefix)
+        manifest, problem = read_manifest_leniently(directory, prefix)
+        raw_groups = None
+    else:
+        prefix = opened.prefix
+        files = {parse_trace_name(path)[1]: path for path in opened.paths}
+        manifest, problem, raw_groups = opened.manifest, opened.manifest_problem, opened.groups
+        groups_file = opened.groups_path
+    num_ranks, expected, violations = _rank_count(directory, manifest, problem, files, num_ranks)
+    if not violations and per_class_ranks(manifest, directory) and len(files) < num_ranks:
+        violations.append(Violation("rank-files", None, None, PER_CLASS_SET))  # as `locate_traces` tells such a set
     else:
         violations += _rank_file_violations(prefix, files, num_ranks, expected)
     groups_file = comm_groups_path(directory, prefix, groups_file)
-    groups, group_violations = _load_groups(groups_file, num_ranks)
+    groups, group_violations = _load_groups(groups_file, num_ranks, raw_groups)
     violations += group_violations
     label = groups_file.name if groups_file.exists() else f"{groups_file.name} (absent)"
     contexts = {rank: RankContext(rank, num_ranks, groups, label) for rank in files}
@@ -148,8 +164,9 @@ def check_traces(
     missing = set(range(num_ranks)) - set(files)
     coll_unknown, p2p_unknown = set(missing), set(missing)
     shapes = Shapes(SHAPE_BYTES)
+    held = None if opened is None else opened.held
     for done, rank in enumerate(_read_ahead(files), 1):
-        scan = _scan_known(shapes, files[rank], contexts[rank])
+        scan = _scan_known(shapes, files[rank], contexts[rank], held)
         if progress and (done % PROGRESS_EVERY == 0 or done == len(files)):
             progress(done, len(files))
         violations += scan.violations
@@ -216,13 +233,17 @@ def check_rank_files(
 
 
 def _rank_count(
-    directory: Path, prefix: str, files: dict[int, Path], given: int | None
+    directory: Path, manifest: dict | None, problem: TraceFormatError | None, files: dict[int, Path],
+    given: int | None,
 ) -> tuple[int, str, list[Violation]]:
-    """How many ranks ASTRA-sim will run, what says so, and what is wrong with the manifest."""
+    """How many ranks ASTRA-sim will run, what says so, and what is wrong with the manifest
+    (`problem`: why it could not be read)."""
     if given is not None:
         return given, f"{given} ranks expected", []
     try:
-        recorded = manifest_ranks(directory, prefix)
+        if problem is not None:
+            raise problem
+        recorded = None if manifest is None else manifest_ranks(manifest, directory)
     except TraceFormatError as exc:
         message = f"{exc}: fix or delete it (ranks are counted from the files meanwhile)"
         problem = Violation("rank-files", None, None, message)
@@ -283,10 +304,14 @@ def _read(path: Path) -> bytes | Exception:
         return exc
 
 
-def _scan_known(shapes: Shapes, path: Path, ctx: RankContext) -> _RankScan:
+def _scan_known(
+    shapes: Shapes, path: Path, ctx: RankContext, held: dict[Path, bytes | RankTrace] | None
+) -> _RankScan:
     """A file of a known shape with valid values is clean; any other is checked in full, and
-    becomes a known shape if it is clean."""
+    becomes a known shape if it is clean. Its bytes go into `held`, where given."""
     loaded = _read(path)
+    if held is not None and isinstance(loaded, bytes):
+        held[path] = loaded
     known = shapes.match(loaded, ctx) if isinstance(loaded, bytes) else None
     if known is not None:
         return _RankScan([], *known)
@@ -422,9 +447,10 @@ def _find_cycle(deps: dict[int, set[int]]) -> tuple[int | None, int]:
 
 
 def _load_groups(
-    path: Path, num_ranks: int
+    path: Path, num_ranks: int, raw: dict[int, tuple[int, ...]] | None = None
 ) -> tuple[dict[int, frozenset[int]] | None, list[Violation]]:
-    """The groups of a comm-groups file (None if unreadable), and what is wrong with it."""
+    """The groups of a comm-groups file (None if unreadable), and what is wrong with it; `raw`
+    is the file as a reader already read it."""
     if not path.exists():
         return {}, []
     violations: list[Violation] = []
@@ -434,11 +460,12 @@ def _load_groups(
 
     if "empty" in path.name:
         fail("ASTRA-sim ignores comm-group files whose path contains 'empty'")
-    try:
-        raw = read_comm_groups(path)
-    except TraceFormatError as exc:
-        violations.append(Violation("group-file", None, None, str(exc)))
-        return None, violations
+    if raw is None:
+        try:
+            raw = read_comm_groups(path)
+        except TraceFormatError as exc:
+            violations.append(Violation("group-file", None, None, str(exc)))
+            return None, violations
     groups: dict[int, frozenset[int]] = {}
     for group, ranks in sorted(raw.items()):
         if group == ALL_RANKS:

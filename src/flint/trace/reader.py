@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -104,16 +104,16 @@ def _parse(message_type: type[_Message], data: bytes, index: int) -> _Message:
     return message
 
 
-def read_trace(path: str | os.PathLike[str]) -> RankTrace:
-    """Read one rank's trace; a file whose first message is not GlobalMetadata is rejected,
-    because ASTRA-sim would silently swallow its first node. An empty version is read: ASTRA-sim
-    never looks at it."""
+def read_trace(path: str | os.PathLike[str], data: bytes | None = None) -> RankTrace:
+    """Read one rank's trace (from `data`, its bytes, where they were already read); a file whose
+    first message is not GlobalMetadata is rejected, because ASTRA-sim would silently swallow its
+    first node. An empty version is read: ASTRA-sim never looks at it."""
     path = Path(path)
     parsed = parse_trace_name(path)
     if parsed is None:
         raise TraceFormatError(f"{path}: name is not <prefix>.<rank>.et[.gz]")
     try:
-        metadata, nodes = decode_trace(load_bytes(path))
+        metadata, nodes = decode_trace(load_bytes(path) if data is None else data)
     except TraceFormatError as exc:
         raise TraceFormatError(f"{path}: {exc}") from exc
     if metadata is None:
@@ -209,28 +209,31 @@ def read_manifest(directory: str | os.PathLike[str], prefix: str) -> dict | None
     return recorded
 
 
-def manifest_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None:
-    """The rank count that the manifest of trace set `prefix` records (`read_manifest`)."""
-    recorded = read_manifest(directory, prefix)
-    if recorded is None:
-        return None
-    ranks = recorded.get("ranks")
+def read_manifest_leniently(
+    directory: str | os.PathLike[str], prefix: str
+) -> tuple[dict | None, TraceFormatError | None]:
+    """`read_manifest`, or the error that kept it from being read, for the reader to judge."""
+    try:
+        return read_manifest(directory, prefix), None
+    except TraceFormatError as exc:
+        return None, exc
+
+
+def manifest_ranks(manifest: dict, directory: str | os.PathLike[str]) -> int:
+    """The rank count a manifest (of the set in `directory`) records."""
+    ranks = manifest.get("ranks")
     if not _is_int(ranks) or ranks < 1:
         path = Path(directory) / MANIFEST
         raise TraceFormatError(f"{path}: 'ranks' is {str(ranks)[:40]!r}, not a positive integer")
     return ranks
 
 
-def per_class_ranks(directory: str | os.PathLike[str], prefix: str) -> int | None:
-    """The whole mesh's rank count where the set holds one file per rank class, else None. Such a
-    set is Flint's own and has a readable manifest, or it would not be one."""
-    try:
-        recorded = read_manifest(directory, prefix)
-    except TraceFormatError:
+def per_class_ranks(manifest: dict | None, directory: str | os.PathLike[str]) -> int | None:
+    """The whole mesh's rank count where the set's manifest says it holds one file per rank
+    class, else None."""
+    if manifest is None or manifest.get(RANK_FILES) != ONE_PER_CLASS:
         return None
-    if recorded is None or recorded.get(RANK_FILES) != ONE_PER_CLASS:
-        return None
-    return manifest_ranks(directory, prefix)
+    return manifest_ranks(manifest, directory)
 
 
 def _read_json(path: str | os.PathLike[str], what: str) -> Any:
@@ -244,13 +247,37 @@ def _read_json(path: str | os.PathLike[str], what: str) -> Any:
 
 @dataclass(frozen=True)
 class TraceFiles:
-    """Trace files to read, with what their nodes refer to: the set's groups and rank count."""
+    """One trace set, opened once (`locate_traces`): the files to read, with what their nodes
+    refer to (the set's groups and rank count) and its manifest, so that a command lists the
+    directory, reads the manifest and the groups once. A file's bytes or decoding that a reader
+    has already made (`flint.trace.contract.check_traces` before a schedule) are `held` until the
+    next reader takes them (`trace`), so each file is read from disk and decoded once."""
 
     paths: list[Path]
     groups: dict[int, tuple[int, ...]]
     num_ranks: int
     one_per_class: bool = False
     """The set holds one file per rank class (`per_class_ranks`), not every rank's."""
+    directory: Path | None = None
+    prefix: str | None = None
+    manifest: dict | None = None
+    """Flint's manifest of the set (`read_manifest`); None for another producer's trace."""
+    manifest_problem: TraceFormatError | None = None
+    """Why the manifest could not be read, where it could not."""
+    groups_path: Path | None = None
+    """The comm-groups file the groups were read from (`comm_groups_path`), or would be."""
+    held: dict[Path, bytes | RankTrace] = field(default_factory=dict, repr=False, compare=False)
+
+    def recorded(self) -> dict | None:
+        """The manifest, or the error that kept it from being read."""
+        if self.manifest_problem is not None:
+            raise self.manifest_problem
+        return self.manifest
+
+    def trace(self, path: Path) -> RankTrace:
+        """A file of the set, decoded: what a reader before held of it, else read from disk."""
+        held = self.held.pop(path, None)
+        return held if isinstance(held, RankTrace) else read_trace(path, held)
 
 
 def locate_traces(
@@ -259,8 +286,9 @@ def locate_traces(
     rank: int | None = None,
     groups_file: str | os.PathLike[str] | None = None,
 ) -> TraceFiles:
-    """A directory's trace set (or only its `rank`), or one ``.et`` file, with the groups and
-    rank count of the whole set (from `groups_file` where one is named, see `comm_groups_path`)."""
+    """A directory's trace set (or only its `rank`), or one ``.et`` file, with the groups, rank
+    count and manifest of the whole set (groups from `groups_file` where one is named, see
+    `comm_groups_path`)."""
     path = Path(path)
     chosen = None
     if path.is_file():
@@ -270,8 +298,10 @@ def locate_traces(
         prefix, chosen = parsed[0], [path]
         path = path.parent
     prefix, paths = find_traces(path, prefix)
-    groups = read_groups_if_any(comm_groups_path(path, prefix, groups_file))
-    recorded = per_class_ranks(path, prefix)
+    groups_path = comm_groups_path(path, prefix, groups_file)
+    groups = read_groups_if_any(groups_path)
+    manifest, problem = read_manifest_leniently(path, prefix)
+    recorded = per_class_ranks(manifest, path)
     num_ranks = recorded or max(parse_trace_name(p)[1] for p in paths) + 1
     one_per_class = recorded is not None and len(paths) < recorded
     chosen = chosen or paths
@@ -279,7 +309,7 @@ def locate_traces(
         chosen = [p for p in chosen if parse_trace_name(p)[1] == rank]
         if not chosen:
             raise FileNotFoundError(f"{path}: no trace file for rank {rank}")
-    return TraceFiles(chosen, groups, num_ranks, one_per_class)
+    return TraceFiles(chosen, groups, num_ranks, one_per_class, path, prefix, manifest, problem, groups_path)
 
 
 def read_groups_if_any(path: Path) -> dict[int, tuple[int, ...]]:
