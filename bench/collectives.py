@@ -25,6 +25,8 @@ simulate`, `flint timeline`, `flint inspect` and `flint sweep` time collectives.
 from __future__ import annotations
 
 import argparse
+import statistics
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,16 +43,19 @@ BANDS = [(16 * 2**20, 16 * 2**30, 0.15), (8, 8 * 2**20, 0.35)]
 """(smallest, largest bytes, tolerance): the 8x H100 all-reduce targets."""
 
 
-def file_beside(path: Path, network, ranks: int | None = None, nodes: int | None = None) -> list[float]:
-    """One line per size of an nccl-tests file; the ratios."""
+def file_beside(path: Path, network, ranks: int | None = None, nodes: int | None = None,
+                algorithm: str | None = None, protocol: str | None = None) -> list[float]:
+    """One line per size of an nccl-tests file (of `algorithm` and `protocol` where the run
+    forced them); the ratios."""
     run = read_nccl_tests(path)
     placement = placement_of(run, ranks, nodes)
+    forced = f", {' '.join(filter(None, (algorithm, protocol)))} forced" if algorithm or protocol else ""
     print(f"\n{path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
-          f"network {network.name}, in place")
+          f"network {network.name}, in place{forced}")
     print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  Flint's choice")
     ratios = []
     for row in run.rows:
-        choice = modelled(network, run.comm_type, row.size, placement)
+        choice = modelled(network, run.comm_type, row.size, placement, algorithm, protocol)
         ratios.append(choice.micros / row.micros)
         print(f"{row.size:>14,} {row.micros:>10,.1f} {choice.micros:>10,.1f} {ratios[-1]:>6.2f}  "
               f"{choice.algorithm} {choice.protocol}")
@@ -109,6 +114,31 @@ def published(network_name: str = "hgx") -> None:
          bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, 2))
 
 
+def held_out(folder: Path) -> None:
+    """Published nccl-tests outputs of other machines (`held_out.toml` there): each file's lines,
+    then per file the worst and median ratio by size band and the largest size's bus bandwidth."""
+    runs = tomllib.loads((folder / "held_out.toml").read_text())["run"]
+    summary = []
+    for entry in runs:
+        path = folder / entry["file"]
+        network = BUILTIN_NETWORKS[entry["network"]]
+        ratios = file_beside(path, network, entry["ranks"], entry["nodes"], entry.get("algorithm"),
+                             entry.get("protocol"))
+        run = read_nccl_tests(path)
+        rows = run.rows
+        bands = [[r for row, r in zip(rows, ratios) if low <= row.size <= high] for low, high, _ in BANDS[::-1]]
+        largest = rows[-1]
+        flint_us = largest.micros * ratios[-1]
+        measured, flint = (bus_bandwidth(run.comm_type, largest.size, us, entry["ranks"]) for us in (largest.micros, flint_us))
+        summary.append((entry, bands, largest.size, measured, flint))
+    print("\nHeld-out nccl-tests outputs (bench/measured/nccl; none was fitted): Flint / NCCL time")
+    print(f"{'file':<56} {'8 B-8 MB worst, median':>24} {'16 MB-16 GB worst, median':>27} "
+          f"{'largest: NCCL, Flint bus GB/s':>31}")
+    for entry, bands, size, measured, flint in summary:
+        cells = [f"{max(b, key=lambda r: abs(r - 1)):.2f}, {statistics.median(b):.2f}" if b else "-" for b in bands]
+        print(f"{entry['file']:<56} {cells[0]:>24} {cells[1]:>27} {f'{measured:.0f}, {flint:.0f} at {size / 2**30:g} GiB':>31}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="nccl-tests output files to set beside the model.")
@@ -119,6 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     h100_all_reduce(args.calibration)
     published()
+    held_out(ROOT / "bench" / "measured" / "nccl")
     network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
     for path in args.files:
         file_beside(path, network, args.ranks, args.nodes)

@@ -101,6 +101,19 @@ def test_a_ring_across_nodes_pays_the_network_per_step_and_the_nics():
     assert one_nic == pytest.approx(47 * 2 / 2)
 
 
+def test_a_forced_algorithm_and_protocol_are_what_nccl_algo_and_nccl_proto_hold_nccl_to():
+    """1 GiB on one node, Ring forced (NCCL_ALGO=Ring): not NVLS but the fastest ring, Simple:
+    8.4 + 14 x 3.4 = 56 µs at 370.8 x 8 / 14 GB/s; Ring LL128 forced: 14.0 + 14 x 1.9 = 40.6 µs at
+    0.92 x 370.8 x 8 / 14. NVLS has no LL: one line."""
+    ring = NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1), algorithm="Ring")
+    assert (ring.algorithm, ring.protocol) == ("Ring", "Simple")
+    assert ring.micros == pytest.approx(8.4 + 14 * 3.4 + GIB / (370.8 * 8 / 14 * 1e3))
+    ll128 = NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1), algorithm="Ring", protocol="LL128")
+    assert ll128.micros == pytest.approx(40.6 + GIB / (0.92 * 370.8 * 8 / 14 * 1e3))
+    with pytest.raises(FlintError, match="NCCL has no NVLS LL here"):
+        NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1), algorithm="NVLS", protocol="LL")
+
+
 def test_many_nodes_keep_a_small_all_reduce_to_tens_of_microseconds():
     """32 nodes of 8, 8 B: Tree LL, 6.8 + 2 (7 x 0.6 + log2(32) x 5.0) = 65.2 µs (a ring's 510
     steps would take 6.6 + 448 x 1.0 + 62 x 2.7 = 622 µs)."""

@@ -67,11 +67,13 @@ class NetworkFit:
         }
 
 
-def modelled(network: NetworkFile, comm_type: int, size: int, placement: Placement) -> Choice:
-    """NCCL's model of one nccl-tests row: `size` bytes as nccl-tests counts them."""
+def modelled(network: NetworkFile, comm_type: int, size: int, placement: Placement, algorithm: str | None = None,
+             protocol: str | None = None) -> Choice:
+    """NCCL's model of one nccl-tests row: `size` bytes as nccl-tests counts them (of `algorithm`
+    and `protocol` where the run forced them)."""
     model = NcclModel(Network((Dimension("Switch", placement.ranks, 1.0, 0.0),), network.name, network))
     per_rank = size // placement.ranks if comm_type == pb.ALL_GATHER else size
-    return model.choose(comm_type, max(per_rank, 1), placement)
+    return model.choose(comm_type, max(per_rank, 1), placement, algorithm, protocol)
 
 
 def placement_of(run: NcclTestsRun, ranks: int | None, nodes: int | None) -> Placement:

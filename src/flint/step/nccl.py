@@ -65,6 +65,7 @@ from importlib import resources
 
 import tomllib
 
+from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import Network
 from flint.step.network_files import CONSTANTS, FOLDER, NetworkFile
@@ -163,14 +164,20 @@ class NcclModel:
         bandwidth = self._nic_share() if apart else self.cluster.node.bus_gbps
         return latency + nbytes / (bandwidth * 1e3)
 
-    def choose(self, comm_type: int, nbytes: int, shape: Placement) -> Choice:
+    def choose(self, comm_type: int, nbytes: int, shape: Placement, algorithm: str | None = None,
+               protocol: str | None = None) -> Choice:
         """NCCL's choice for a collective of Chakra's `comm_type` and `nbytes` over a group of
-        `shape`: the fastest of what the machine has."""
+        `shape`: the fastest of what the machine has (of that `algorithm` and `protocol` where
+        given, as NCCL_ALGO and NCCL_PROTO hold NCCL to them)."""
         if comm_type == pb.ALL_TO_ALL:
             return Choice("P2P", "Simple", self._all_to_all(nbytes, shape))
         total = nbytes * shape.ranks if comm_type == pb.ALL_GATHER else nbytes
         options = [Choice(a, p, lat + total / (bw * 1e3))
-                   for a, p, lat, bw in self.candidates(comm_type, total, shape) if bw > 0]
+                   for a, p, lat, bw in self.candidates(comm_type, total, shape)
+                   if bw > 0 and algorithm in (None, a) and protocol in (None, p)]
+        if not options:
+            raise FlintError(f"NCCL has no {algorithm or ''} {protocol or ''} here for this collective: "
+                             "choose another algorithm or protocol")
         return min(options, key=lambda c: c.micros)
 
     def candidates(self, comm_type: int, total: int, shape: Placement) -> list[tuple[str, str, float, float]]:
