@@ -14,8 +14,14 @@
    how the model turns them into times, not its accuracy; the all-gather, reduce-scatter and Ring
    lines come from NCCL's NVLink bandwidth per link (topo.h) and are a check, as is the held-out
    A100 cluster of nccl-tests issue 119 (3 nodes of 8 A100 SXM4 with 4 HDR NICs each, the
-   `hgx-a100` network with 4 NICs a node: a peak bus bandwidth of about 96 GB/s at 128 MB).
-3. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
+   `hgx-a100` network with 4 NICs a node: a peak bus bandwidth of about 96 GB/s at 128 MB), and
+   the peaks of one 8x H200 node (nccl-tests issue 272: 475 GB/s) and one 8x B200 node (the GKE
+   a4 output of yangwhale/gpu-tpu-pedia's gpu/deepep/README.md: 845 GB/s at 16 GB, out of place),
+   whose NVLS figures the network files scale from H100's.
+3. Ten published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`: one
+   to 128 nodes of 8 H100, one A100 node), none of them fitted: one line per size, then each
+   file's worst and median ratio by size band and its largest size's bus bandwidth.
+4. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
 Every figure is computed in this run by Flint's model of NCCL (flint.step.nccl), as `flint
@@ -108,6 +114,11 @@ def published(network_name: str = "hgx") -> None:
     choice = modelled(four_nics, pb.ALL_REDUCE, 128 * 2**20, Placement(24, 3))
     line(f"3 nodes x 8 A100, 4 HDR NICs each, all-reduce 128 MB, {choice.algorithm} (#119)", 96,
          bus_bandwidth(pb.ALL_REDUCE, 128 * 2**20, choice.micros, 24), 0.15)
+    for name, label, total, measured in (
+        ("hgx-h200", "8x H200 all-reduce 4 GB, peak (nccl-tests #272, held out)", 4 * 2**30, 475),
+        ("hgx-b200", "8x B200 all-reduce 16 GB, out of place (GKE a4, held out)", 16 * 2**30, 845)):
+        choice = modelled(BUILTIN_NETWORKS[name], pb.ALL_REDUCE, total, node)
+        line(f"{label}, {choice.algorithm}", measured, bus_bandwidth(pb.ALL_REDUCE, total, choice.micros, 8))
     apart = Placement(2, 2)
     choice = modelled(network, pb.ALL_REDUCE, size, apart)
     line(f"2 nodes x 1 GPU all-reduce 16 GB, {choice.algorithm} (nccl-tests #290)", 47,
