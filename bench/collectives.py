@@ -18,8 +18,8 @@
    the peaks of one 8x H200 node (nccl-tests issue 272: 475 GB/s) and one 8x B200 node (the GKE
    a4 output of yangwhale/gpu-tpu-pedia's gpu/deepep/README.md: 845 GB/s at 16 GB, out of place),
    whose NVLS figures the network files scale from H100's.
-3. Ten published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`: one
-   to 128 nodes of 8 H100, one A100 node), none of them fitted: one line per size, then each
+3. Eleven published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`: one
+   to 128 nodes of 8 H100, one and two nodes of 8 A100), none of them fitted: one line per size, then each
    file's worst and median ratio by size band and its largest size's bus bandwidth.
 4. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
