@@ -15,9 +15,10 @@
    lines come from NCCL's NVLink bandwidth per link (topo.h) and are a check, as is the held-out
    A100 cluster of nccl-tests issue 119 (3 nodes of 8 A100 SXM4 with 4 HDR NICs each, the
    `hgx-a100` network with 4 NICs a node: a peak bus bandwidth of about 96 GB/s at 128 MB), and
-   the peaks of one 8x H200 node (nccl-tests issue 272: 475 GB/s) and one 8x B200 node (the GKE
-   a4 output of yangwhale/gpu-tpu-pedia's gpu/deepep/README.md: 845 GB/s at 16 GB, out of place),
-   whose NVLS figures the network files scale from H100's.
+   the peak of one 8x H200 node (nccl-tests issue 272: 475 GB/s), whose NVLS figures the hgx-h200
+   file takes from H100's; and one 8x B200 node's (the GKE a4 output of yangwhale/gpu-tpu-pedia's
+   gpu/deepep/README.md: 845 GB/s at 16 GB, out of place), which the hgx-b200 and nvl72 files take
+   as their 8-GPU NVLS bus bandwidth (their line checks the model's use of it).
 3. Eleven published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`: one
    to 128 nodes of 8 H100, one and two nodes of 8 A100), none of them fitted: one line per size, then each
    file's worst and median ratio by size band and its largest size's bus bandwidth.
@@ -116,7 +117,7 @@ def published(network_name: str = "hgx") -> None:
          bus_bandwidth(pb.ALL_REDUCE, 128 * 2**20, choice.micros, 24), 0.15)
     for name, label, total, measured in (
         ("hgx-h200", "8x H200 all-reduce 4 GB, peak (nccl-tests #272, held out)", 4 * 2**30, 475),
-        ("hgx-b200", "8x B200 all-reduce 16 GB, out of place (GKE a4, held out)", 16 * 2**30, 845)):
+        ("hgx-b200", "8x B200 all-reduce 16 GB, out of place (GKE a4: hgx-b200's)", 16 * 2**30, 845)):
         choice = modelled(BUILTIN_NETWORKS[name], pb.ALL_REDUCE, total, node)
         line(f"{label}, {choice.algorithm}", measured, bus_bandwidth(pb.ALL_REDUCE, total, choice.micros, 8))
     apart = Placement(2, 2)
