@@ -40,7 +40,7 @@ from __future__ import annotations
 import heapq
 import os
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,8 @@ class Slice:
     stream: str
     start: float
     duration: float
-    node: pb.Node | None = field(default=None, compare=False, repr=False)
+    message: bytes | None = field(default=None, compare=False, repr=False)
+    """The node, serialized: decoded only for `args`."""
 
     @property
     def end(self) -> float:
@@ -92,7 +93,7 @@ class Slice:
     @property
     def args(self) -> dict[str, Any]:
         """What a viewer shows on click: the node's id, type and scalar attributes."""
-        return {} if self.node is None else _args(self.node)
+        return {} if self.message is None else _args(pb.Node.FromString(self.message))
 
 
 @dataclass(frozen=True)
@@ -183,20 +184,20 @@ def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = Non
             f"{files.directory} breaks the trace contract ({len(violations)} violations, first: "
             f"{violations[0]}): run `flint check {files.directory}`"
         )
-    traces = [files.trace(path) for path in files.paths]
-    return schedule(traces, files.groups, timer_for(files.groups, len(traces)), issue)
+    traces = (files.trace(path) for path in files.paths)  # each let go once the schedule has taken it in
+    return schedule(traces, files.groups, timer_for(files.groups, len(files.paths)), issue)
 
 
 def schedule(
-    traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer, issue: str = READY_FIRST,
+    traces: Iterable[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer, issue: str = READY_FIRST,
 ) -> Timeline:
     """Schedule every rank of a contract-abiding trace set (see the module docstring)."""
     simulation = _Simulation(traces, groups, timer, issue)
     simulation.run()
-    return _timeline(simulation, traces)
+    return _timeline(simulation)
 
 
-def _timeline(simulation, traces: Sequence[RankTrace], classes: dict[int, list[int]] | None = None) -> Timeline:
+def _timeline(simulation, classes: dict[int, list[int]] | None = None) -> Timeline:
     """The finished simulation's slices in rank order, each scheduled rank's totals."""
     slices = sorted(simulation.slices, key=lambda s: (s.rank, s.start, s.node_id))
     by_rank: dict[int, list[Slice]] = defaultdict(list)
@@ -204,19 +205,35 @@ def _timeline(simulation, traces: Sequence[RankTrace], classes: dict[int, list[i
         by_rank[piece.rank].append(piece)
     return Timeline(
         slices,
-        [_rank_time(t.rank, by_rank[t.rank]) for t in traces],
+        [_rank_time(rank, by_rank[rank]) for rank in simulation.ranks],
         simulation.transfers,
         simulation.collectives,
         classes,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """What the schedule needs of one node, taken from it once as its trace is read: a pipelined
+    step has millions of nodes, and a decoded protobuf node takes about ten times its serialized
+    bytes (`message`, kept for `Slice.args`). `duration` is its own time (a RECV's, where its
+    SEND has not started when it is issued); `group` a collective's; `transfer` a SEND's or
+    RECV's match key."""
+
+    type: int
+    name: str
+    duration: float
+    group: int | None
+    transfer: tuple | None
+    message: bytes
+
+
 class _Rank:
     """One rank's graph and the state of its compute stream during the simulation."""
 
-    def __init__(self, trace: RankTrace):
+    def __init__(self, trace: RankTrace, simulation: _Simulation):
         self.rank = trace.rank
-        self.nodes = {node.id: node for node in trace.nodes}
+        self.nodes = {node.id: simulation.take(self, node) for node in trace.nodes}
         self.waiting: dict[int, int] = {}
         self.dependents: dict[int, list[int]] = defaultdict(list)
         for node in trace.nodes:
@@ -237,15 +254,15 @@ class _Simulation:
     that became ready at that instant."""
 
     def __init__(
-        self, traces: Sequence[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer,
+        self, traces: Iterable[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer,
         issue: str = READY_FIRST,
     ):
         if issue not in (READY_FIRST, AS_ASTRA_SIM):
             raise ValueError(f"unknown issue order {issue!r}")
         self.as_astra_sim = issue == AS_ASTRA_SIM
-        self.ranks = {trace.rank: _Rank(trace) for trace in traces}
         self.timer = timer
-        self.members = {ALL_RANKS: len(traces), **{g: len(r) for g, r in groups.items()}}
+        self.ranks = {trace.rank: _Rank(trace, self) for trace in traces}
+        self.members = {ALL_RANKS: len(self.ranks), **{g: len(r) for g, r in groups.items()}}
         self.instance = {rank_id: _collective_instances(rank) for rank_id, rank in self.ranks.items()}
         self.arrived: dict[tuple[int, int], list[Member]] = defaultdict(list)
         self.sends_started: dict[tuple, deque[Member]] = defaultdict(deque)
@@ -270,6 +287,13 @@ class _Simulation:
             self.dispatch(now)
         self._check_all_ran()
 
+    def take(self, rank: _Rank, node: pb.Node) -> _Node:
+        """What the schedule keeps of a node of `rank`'s trace."""
+        transfer = self.transfer_key(rank, node) if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) else None
+        group = group_id(node) if node.type == pb.COMM_COLL_NODE else None
+        name = node.name or f"{enum_name(pb.NodeType, node.type)} {node.id}"
+        return _Node(node.type, name, self.duration(rank, node), group, transfer, node.SerializeToString())
+
     def duration(self, rank: _Rank, node: pb.Node) -> float:
         return self.timer.micros(node)
 
@@ -285,9 +309,8 @@ class _Simulation:
         """Start a node now; it lasts its own time, or, a RECV whose message `arrives` at a known
         time, until then. Returns when it ends."""
         node = rank.nodes[node_id]
-        duration = self.duration(rank, node) if arrives is None else max(0.0, arrives - now)
-        name = node.name or f"{enum_name(pb.NodeType, node.type)} {node_id}"
-        self.slices.append(Slice(rank.rank, node_id, name, stream, now, duration, node))
+        duration = node.duration if arrives is None else max(0.0, arrives - now)
+        self.slices.append(Slice(rank.rank, node_id, node.name, stream, now, duration, node.message))
         heapq.heappush(self.events, (now + duration, rank.rank, node_id))
         return now + duration
 
@@ -327,13 +350,14 @@ class _Simulation:
                 for member, member_node in members:
                     self.start(self.ranks[member], member_node, now, COMM)
         else:
-            self._point_to_point(rank, node, now)
+            self._point_to_point(rank, node_id, now)
 
-    def _point_to_point(self, rank: _Rank, node: pb.Node, now: float) -> None:
-        key = self.transfer_key(rank, node)
-        here = (rank.rank, node.id)
+    def _point_to_point(self, rank: _Rank, node_id: int, now: float) -> None:
+        node = rank.nodes[node_id]
+        key = node.transfer
+        here = (rank.rank, node_id)
         if node.type == pb.COMM_SEND_NODE:
-            arrives = self.start(rank, node.id, now, COMM)
+            arrives = self.start(rank, node_id, now, COMM)
             if self.recvs_waiting[key]:
                 receiver, recv_id = self.recvs_waiting[key].popleft()
                 self.transfers.append((here, (receiver, recv_id)))
@@ -345,7 +369,7 @@ class _Simulation:
             # it already has), as in ASTRA-sim
             send, arrives = self.sends_started[key].popleft()
             self.transfers.append((send, here))
-            self.start(rank, node.id, now, COMM, arrives)
+            self.start(rank, node_id, now, COMM, arrives)
         else:
             self.recvs_waiting[key].append(here)
 
@@ -378,7 +402,7 @@ def _collective_instances(rank: _Rank) -> dict[int, tuple[int, int]]:
     by_group: dict[int, list[int]] = defaultdict(list)
     for node_id in sorted(rank.nodes):
         if rank.nodes[node_id].type == pb.COMM_COLL_NODE:
-            by_group[group_id(rank.nodes[node_id])].append(node_id)
+            by_group[rank.nodes[node_id].group].append(node_id)
     return {node_id: (group, index) for group, ids in by_group.items() for index, node_id in enumerate(ids)}
 
 
@@ -507,14 +531,14 @@ def _paths_by_rank(files) -> _PathsInOrder:
 
 def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue: str) -> Timeline:
     by_rank = _paths_by_rank(files)
-    traces = [files.trace(by_rank[ranks[0]]) for ranks in classes]
+    traces = (files.trace(by_rank[ranks[0]]) for ranks in classes)  # each let go once taken in
     class_of = {}
     for index, ranks in enumerate(classes):
         for rank in ranks:
             class_of[rank] = index
     simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of, issue)
     simulation.run()
-    return _timeline(simulation, traces, {ranks[0]: list(ranks) for ranks in classes})
+    return _timeline(simulation, {ranks[0]: list(ranks) for ranks in classes})
 
 
 class _ClassSimulation(_Simulation):
@@ -522,8 +546,7 @@ class _ClassSimulation(_Simulation):
 
     def __init__(self, traces, groups, timer: NodeTimer, classes: list[list[int]], class_of: dict[int, int],
                  issue: str):
-        super().__init__(traces, groups, timer, issue)
-        self.class_of = class_of
+        self.class_of = class_of  # what taking in the traces' nodes needs (`transfer_key`, `duration`)
         self.num_classes = len(classes)
         self.pattern: dict[int, tuple] = {}      # group -> its offsets from its lowest rank
         self.siblings: dict[tuple, list[int]] = defaultdict(list)  # offsets -> the groups of that shape
@@ -533,19 +556,20 @@ class _ClassSimulation(_Simulation):
             self.pattern[group] = offsets
             self.siblings[offsets].append(group)
         self.pattern[ALL_RANKS] = ("all",)
-        self.class_keys = {rank_id: self._instances(rank) for rank_id, rank in self.ranks.items()}
         self.classes_in: dict[int, int] = {}
         self.shapes: dict[tuple, list] = {}
+        super().__init__(traces, groups, timer, issue)
+        self.class_keys = {rank_id: self._instances(rank) for rank_id, rank in self.ranks.items()}
 
     def _instances(self, rank: _Rank) -> dict[int, tuple]:
         by_pattern: dict[tuple, list[int]] = defaultdict(list)
         for node_id in sorted(rank.nodes):
             if rank.nodes[node_id].type == pb.COMM_COLL_NODE:
-                by_pattern[self.pattern.get(group_id(rank.nodes[node_id]), ("missing",))].append(node_id)
+                by_pattern[self.pattern.get(rank.nodes[node_id].group, ("missing",))].append(node_id)
         return {node_id: (pattern, index) for pattern, ids in by_pattern.items() for index, node_id in enumerate(ids)}
 
     def collective_key(self, rank: _Rank, node_id: int) -> tuple[tuple, int]:
-        group = group_id(rank.nodes[node_id])
+        group = rank.nodes[node_id].group
         if group not in self.classes_in:
             members = range(len(self.class_of)) if group == ALL_RANKS else self.timer.groups.get(group, ())
             self.classes_in[group] = len({self.class_of[m] for m in members if m in self.class_of}) or 1
