@@ -30,7 +30,7 @@
 
 Every pipelined row is extracted with `--rank-files classes` (one trace per pipeline stage) and
 estimated with `flint simulate --engine flint`, each in a process of its own: the table gives their
-seconds, the peak memory of either (the largest resident set of the process and its children,
+seconds, the peak memory of each (the largest resident set of the process and its children,
 sampled every 0.2 s) and the disk the traces took. A row that passes `--budget-s` or `--budget-gb`
 is stopped and says which. Every figure comes from this run; ratios are predicted / measured.
 """
@@ -186,7 +186,7 @@ def extract_and_estimate(model: Path, mesh: str, model_args: dict, backend: str,
 
 
 HEADER = (f"{'':<4}{'model':<18}{'TP x PP x DP':<14}{'M':>5}{'V':>3}{'step s':>8}{'TFLOP/s':>9}{'published':>10}"
-          f"{'ratio':>7}{'extract s':>11}{'estimate s':>11}{'peak GB':>9}{'disk MB':>9}")
+          f"{'ratio':>7}{'extract s':>11}{'estimate s':>11}{'extract GB':>11}{'estimate GB':>12}{'disk MB':>9}")
 
 
 def print_row(label: str, model: str, row: Row, extracted: Measured, estimated: Measured | None,
@@ -203,7 +203,7 @@ def print_row(label: str, model: str, row: Row, extracted: Measured, estimated: 
     tflops = flops / step_s / row.gpus / 1e12
     disk = extracted.output["trace_bytes"] / 1e6
     print(f"{head}{step_s:>8.2f}{tflops:>9.0f}{row.published:>10.0f}{tflops / row.published:>7.2f}"
-          f"{extracted.seconds:>11.0f}{estimated.seconds:>11.0f}{max(extracted.peak_gb, estimated.peak_gb):>9.1f}"
+          f"{extracted.seconds:>11.0f}{estimated.seconds:>11.0f}{extracted.peak_gb:>11.1f}{estimated.peak_gb:>12.1f}"
           f"{disk:>9,.0f}")
 
 
