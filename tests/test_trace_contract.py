@@ -246,6 +246,24 @@ def test_each_fault_is_reported_by_its_rule(
     assert (rank, node_id) in {(v.rank, v.node_id) for v in violations}
 
 
+def test_a_repeated_kernel_is_judged_on_every_copy(tmp_path: Path) -> None:
+    """A pipelined file repeats each kernel in every microbatch: copies of a clean kernel are
+    checked once, but every copy of a bad one is reported, and a warning is counted per copy."""
+    trace = valid_trace()
+    bad = [comp(10 + k) for k in range(3)]
+    for node in bad:
+        set_attr(node, "num_ops", "double_val", 1000.0)
+    habit = [comp(20 + k) for k in range(4)]
+    for node in habit:
+        set_attr(node, "is_cpu_op", "int32_val", 0)
+    trace.nodes[0] += [comp(30), comp(31)] + bad + habit
+    violations = check_traces(trace.write(tmp_path))
+    assert sorted(v.node_id for v in violations if v.rule == "integer-types") == [10, 11, 12]
+    (warning,) = [v for v in violations if v.rule == "is-cpu-op"]
+    assert (warning.node_id, warning.count) == (20, 4)
+    assert {v.rule for v in violations} == {"integer-types", "is-cpu-op"}
+
+
 def test_rank_count_catches_a_missing_last_rank(tmp_path: Path) -> None:
     valid_trace().write(tmp_path)
     assert ("rank-files", 3) in {(v.rule, v.rank) for v in check_traces(tmp_path, num_ranks=3)}

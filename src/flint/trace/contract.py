@@ -50,6 +50,7 @@ from flint.trace.reader import (
     read_manifest_leniently,
 )
 from flint.trace.shapes import Shapes, shape_of
+from flint.trace.timing import COMPUTE_TYPES
 from flint.trace.violation import WARNING, Violation
 
 __all__ = ["RULES", "Violation", "check_rank_files", "check_traces"]
@@ -371,8 +372,14 @@ def _check_file(path: Path, ctx: RankContext, loaded: bytes | Exception) -> _Fil
     violations += _dependency_violations(ctx.rank, nodes)
     collectives: list[Collective] | None = []
     point_to_point: list[PointToPoint] | None = []
+    clean_kernels: set[tuple] = set()
     for node in nodes:
+        kernel = _kernel_key(node)
+        if kernel in clean_kernels:
+            continue
         check = check_node(node, ctx)
+        if kernel is not None and not check.violations:
+            clean_kernels.add(kernel)
         violations += check.violations
         if node.type == pb.COMM_COLL_NODE and not check.trusted:
             collectives = None
@@ -383,6 +390,17 @@ def _check_file(path: Path, ctx: RankContext, loaded: bytes | Exception) -> _Fil
         elif isinstance(check.comm, PointToPoint) and point_to_point is not None:
             point_to_point.append(check.comm)
     return _FileCheck(violations, nodes, collectives, point_to_point)
+
+
+def _kernel_key(node: pb.Node) -> tuple | None:
+    """What the rules see of a compute or memory node: its type and attributes (not its id, name,
+    dependencies or duration). A pipelined trace repeats each kernel in every microbatch's copy,
+    so a file's nodes of one key are checked once while they are clean; None for communication,
+    whose rules also read the rank's groups and feed the cross-rank matching."""
+    if node.type not in COMPUTE_TYPES:
+        return None
+    return (node.type, *(attr.SerializeToString() for attr in node.attr))
+
 
 
 def _decode(
@@ -399,22 +417,24 @@ def _decode(
 
 def _dependency_violations(rank: int, nodes: list[pb.Node]) -> list[Violation]:
     violations: list[Violation] = []
-    deps: dict[int, set[int]] = {}
-    for node in nodes:
-        if node.id in deps:
+    position: dict[int, int] = {}
+    for index, node in enumerate(nodes):
+        if node.id in position:
             message = f"node id {node.id} appears more than once"
             violations.append(Violation("unique-ids", rank, node.id, message))
         else:
-            deps[node.id] = {*node.ctrl_deps, *node.data_deps}
-    for node in nodes:
+            position[node.id] = index
+    forward = True  # every dependency comes earlier in the file, as a writer in program order puts it
+    for index, node in enumerate(nodes):
         for kind, ids in (("ctrl", node.ctrl_deps), ("data", node.data_deps)):
-            violations += [
-                Violation("dep-exists", rank, node.id, f"{kind} dependency {dep} does not exist")
-                for dep in ids
-                if dep not in deps
-            ]
-    if len(deps) == len(nodes):  # with duplicate ids the graph itself is ambiguous
-        cyclic, blocked = _find_cycle(deps)
+            for dep in ids:
+                at = position.get(dep)
+                if at is None:
+                    violations.append(Violation("dep-exists", rank, node.id, f"{kind} dependency {dep} does not exist"))
+                elif at >= index:
+                    forward = False
+    if not forward and len(position) == len(nodes):  # with duplicate ids the graph itself is ambiguous
+        cyclic, blocked = _find_cycle({node.id: {*node.ctrl_deps, *node.data_deps} for node in nodes})
         if cyclic is not None:
             message = f"node is on a dependency cycle; {blocked} nodes can never run"
             violations.append(Violation("dep-cycle", rank, cyclic, message))
