@@ -141,14 +141,16 @@ def held_out(folder: Path) -> None:
         bands = [[r for row, r in zip(rows, ratios) if low <= row.size <= high] for low, high, _ in BANDS[::-1]]
         largest = rows[-1]
         flint_us = largest.micros * ratios[-1]
-        measured, flint = (bus_bandwidth(run.comm_type, largest.size, us, entry["ranks"]) for us in (largest.micros, flint_us))
+        measured, flint = (bus_bandwidth(run.comm_type, largest.size, us, entry["ranks"])
+                           for us in (largest.micros, flint_us))
         summary.append((entry, bands, largest.size, measured, flint))
     print("\nHeld-out nccl-tests outputs (bench/measured/nccl; none was fitted): Flint / NCCL time")
     print(f"{'file':<56} {'8 B-8 MB worst, median':>24} {'16 MB-16 GB worst, median':>27} "
           f"{'largest: NCCL, Flint bus GB/s':>31}")
     for entry, bands, size, measured, flint in summary:
         cells = [f"{max(b, key=lambda r: abs(r - 1)):.2f}, {statistics.median(b):.2f}" if b else "-" for b in bands]
-        print(f"{entry['file']:<56} {cells[0]:>24} {cells[1]:>27} {f'{measured:.0f}, {flint:.0f} at {size / 2**30:g} GiB':>31}")
+        largest_bus = f"{measured:.0f}, {flint:.0f} at {size / 2**30:g} GiB"
+        print(f"{entry['file']:<56} {cells[0]:>24} {cells[1]:>27} {largest_bus:>31}")
 
 
 def main() -> None:

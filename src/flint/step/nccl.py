@@ -176,8 +176,8 @@ class NcclModel:
                    for a, p, lat, bw in self.candidates(comm_type, total, shape)
                    if bw > 0 and algorithm in (None, a) and protocol in (None, p)]
         if not options:
-            raise FlintError(f"NCCL has no {algorithm or ''} {protocol or ''} here for this collective: "
-                             "choose another algorithm or protocol")
+            asked = " ".join(filter(None, (algorithm, protocol)))
+            raise FlintError(f"NCCL has no {asked} here for this collective: choose another algorithm or protocol")
         return min(options, key=lambda c: c.micros)
 
     def candidates(self, comm_type: int, total: int, shape: Placement) -> list[tuple[str, str, float, float]]:

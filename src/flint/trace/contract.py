@@ -402,7 +402,6 @@ def _kernel_key(node: pb.Node) -> tuple | None:
     return (node.type, *(attr.SerializeToString() for attr in node.attr))
 
 
-
 def _decode(
     loaded: bytes | Exception,
 ) -> tuple[pb.GlobalMetadata | None, list[pb.Node]] | Exception:
@@ -430,7 +429,8 @@ def _dependency_violations(rank: int, nodes: list[pb.Node]) -> list[Violation]:
             for dep in ids:
                 at = position.get(dep)
                 if at is None:
-                    violations.append(Violation("dep-exists", rank, node.id, f"{kind} dependency {dep} does not exist"))
+                    message = f"{kind} dependency {dep} does not exist"
+                    violations.append(Violation("dep-exists", rank, node.id, message))
                 elif at >= index:
                     forward = False
     if not forward and len(position) == len(nodes):  # with duplicate ids the graph itself is ambiguous
