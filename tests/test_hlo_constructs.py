@@ -417,8 +417,11 @@ def test_broadcast_is_replayed_from_a_chain_duration():
         "  ROOT b = bf16[16,4] collective-broadcast(p), replica_groups={{0,1,2,3},{4,5,6,7}}, "
         "channel_id=1"
     )
-    messages = NodeMessages(graph_of(entry), BUILTIN["h100"], "roofline")
-    message = messages.message(Planned(COLLECTIVE, 0, 0, ()), RunningMicros())
+    graph = graph_of(entry)
+    messages = NodeMessages(BUILTIN["h100"], "roofline")
+    (node,) = [n for n, data in graph.nodes() if data["kind"] == "collective"]
+    data = graph.graph.nodes[node]
+    message = messages.message(Planned(COLLECTIVE, 0, (), (), data, data["name"], 0), RunningMicros())
     assert attr_value(message, "comm_type") == pb.BROADCAST
     assert attr_value(message, "comm_size") == 128
     assert message.duration_micros == 16

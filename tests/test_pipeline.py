@@ -193,7 +193,8 @@ def test_embedding_runs_on_the_first_stage_and_head_on_the_last(traces):
 
 
 def test_a_second_run_writes_the_same_bytes(traces, tmp_path):
-    """Tags are node ids of the pipelined graph, which is built in a fixed order: runs repeat."""
+    """Ids count up through each stage's units, and a transfer's tag follows from what it carries
+    (its direction, microbatch and virtual stage): runs repeat."""
     first = traces("gpipe")
     again = tmp_path / "again"
     extract(MODEL, "pp=4,tp=2", again, "--strategy", "tp", "--pipeline-stages", str(S),

@@ -17,8 +17,9 @@ from conftest import EXAMPLES, MODELS, extract, matmuls_and_collectives
 
 import flint
 from flint.devices import load_device
-from flint.emit import ChakraEmitter, GroupTable, check_emitted, rank_classes, write_ranks
+from flint.emit import ChakraEmitter, GraphPlan, check_emitted, write_ranks
 from flint.emit.durations import RunningMicros
+from flint.emit.first_nodes import FIRST_NODE_BYTES
 from flint.graph import WorkloadGraph
 from flint.schema import et_def_pb2 as pb
 from flint.trace.contract import check_traces
@@ -54,11 +55,12 @@ def serialized_rank_by_rank(graph: WorkloadGraph, groups_file: Path, metadata: d
         message = pb.Node(id=node, name=data["name"], data_deps=deps)
         message.attr.extend([_attr("is_cpu_op", bool_val=False), _attr("op", string_val=data["op"])])
         if data["kind"] != "collective":
+            nbytes = data["bytes"] if deps else max(data["bytes"], FIRST_NODE_BYTES)  # issued at time 0
             message.type = pb.COMP_NODE
-            message.duration_micros = durations.next(H100.micros(data["flops"], data["bytes"]))
+            message.duration_micros = durations.next(H100.micros(data["flops"], nbytes))
             message.attr.extend([
                 _attr("num_ops", int64_val=max(1, data["flops"])),
-                _attr("tensor_size", uint64_val=max(1, data["bytes"])),
+                _attr("tensor_size", uint64_val=max(1, nbytes)),
             ])
             if data["transcendentals"]:
                 message.attr.append(_attr("transcendentals", int64_val=data["transcendentals"]))
@@ -171,8 +173,9 @@ def test_group_ids_of_every_length_across_a_length_prefix_boundary(tmp_path):
         directory = tmp_path / str(name_length)
         directory.mkdir()
         graph = _synthetic_graph(256, name_length)
-        groups = GroupTable(graph)
-        emitter = ChakraEmitter(graph, H100, groups, rank_classes(graph), metadata)
+        plan = GraphPlan(graph)
+        groups = plan.groups
+        emitter = ChakraEmitter(plan, H100, metadata)
         (directory / "s.comm_groups.json").write_text(json.dumps(groups.as_json()))
         assert write_ranks(emitter, directory, "s", workers=3) > 0
         files = {}
@@ -188,8 +191,9 @@ def test_group_ids_of_every_length_across_a_length_prefix_boundary(tmp_path):
 
 def test_extraction_check_finds_ranks_outside_their_groups_and_missing_files(tmp_path):
     graph = _synthetic_graph(8, 10)
-    groups = GroupTable(graph)
-    emitter = ChakraEmitter(graph, H100, groups, rank_classes(graph), {"mesh": "data=8"})
+    plan = GraphPlan(graph)
+    groups = plan.groups
+    emitter = ChakraEmitter(plan, H100, {"mesh": "data=8"})
     written = groups.as_json()
     assert written["1"] == [0, 1] and written["2"] == [2, 3]
     written["1"], written["2"] = [0, 2], [1, 3]  # ranks 1 and 2 swap groups in the file only

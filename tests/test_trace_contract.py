@@ -264,6 +264,24 @@ def test_a_repeated_kernel_is_judged_on_every_copy(tmp_path: Path) -> None:
     assert {v.rule for v in violations} == {"integer-types", "is-cpu-op"}
 
 
+def test_files_checked_in_processes_find_what_one_process_finds(tmp_path: Path) -> None:
+    """The extraction's check of large files runs in a process per core: the same findings, the
+    comm-groups file's once, every file's in rank order."""
+    from flint.trace.contract import check_rank_files
+
+    trace = valid_trace()
+    bad = comp(10)
+    set_attr(bad, "num_ops", "double_val", 1000.0)
+    trace.nodes[0].append(bad)
+    trace.nodes[2].append(comp(11, deps=(99,)))
+    trace.write(tmp_path)
+    (tmp_path / "flint.comm_groups.json").write_text("{")
+    alone = check_rank_files(tmp_path, "flint", 3, [2, 0, 1])
+    assert [(v.rule, v.rank) for v in alone] == [
+        ("group-file", None), ("integer-types", 0), ("dep-exists", 2)]
+    assert check_rank_files(tmp_path, "flint", 3, [2, 0, 1], workers=2) == alone
+
+
 def test_rank_count_catches_a_missing_last_rank(tmp_path: Path) -> None:
     valid_trace().write(tmp_path)
     assert ("rank-files", 3) in {(v.rule, v.rank) for v in check_traces(tmp_path, num_ranks=3)}

@@ -5,11 +5,12 @@
     module   = partition(workload, mesh)          # XLA SPMD partitioning
     program  = parse_module(module)               # typed StableHLO ops
     graph    = build_graph(program, ranks)        # networkx workload graph
-    graph    = pipeline_graph(graph, ...)         # with --pipeline-stages: stages and schedule
-    write_trace(graph, ...)                       # Chakra .et per rank + groups + manifest
+    step     = pipeline_step(graph, ...)          # with --pipeline-stages: stages and schedule
+    write_trace(plan, ...)                        # Chakra .et per rank + groups + manifest
 
 With `--pipeline-stages` the step is compiled for one microbatch of one chunk of layers on the mesh
-without the stage axis, and `flint.pipelining` lays copies of its graph out over the stages.
+without the stage axis; `flint.pipelining` says which units each stage runs, and `flint.emit` writes
+each stage's copies of the piece's graph file by file.
 
 `extract()` runs them in order and times each, which is what `bench/extract.py` uses; the CLI runs
 it through `extract_isolated()`, in a child process that Ctrl-C stops at once.
@@ -33,16 +34,16 @@ from flint.compile.capture import PartitionedModule, partition
 from flint.devices import Device
 from flint.emit import (
     ChakraEmitter,
-    GroupTable,
+    GraphPlan,
     OutputDir,
-    RankClasses,
+    PipelinedPlan,
+    Planned,
     RankTotals,
+    TracePlan,
     TraceSize,
     check_emitted,
     disk_errors,
-    first_nodes_take_time,
-    rank_classes,
-    rank_totals,
+    merged_totals,
     trace_bytes,
     write_ranks,
 )
@@ -57,7 +58,7 @@ from flint.pipelining import (
     PipelineRequest,
     Regions,
     one_microbatch,
-    pipeline_graph,
+    pipeline_step,
     stage_mesh,
 )
 from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS, RANK_FILES
@@ -103,16 +104,16 @@ class ExtractRequest:
 
 @dataclass
 class Extraction:
-    """The artifacts of every stage, and the seconds each stage took."""
+    """The artifacts of every stage, and the seconds each stage took. `graph` is the step's graph
+    (a pipelined step's piece), `plan` what its files hold; `totals` are counted as they are written."""
 
     workload: Workload
     layout: Layout
     module: PartitionedModule
     program: Program
     graph: WorkloadGraph
-    groups: GroupTable
-    classes: RankClasses
-    totals: list[tuple[list[list[int]], RankTotals]]
+    plan: TracePlan
+    totals: list[tuple[list[list[int]], RankTotals]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     bytes_written: int = 0
     trace_size: TraceSize | None = None
@@ -177,15 +178,24 @@ def pipeline_summary(pipeline: PipelineRequest, regions: Regions) -> dict:
     }
 
 
-def _graph_json(graph: WorkloadGraph, groups: GroupTable) -> str:
-    """Rank 0's workload graph: a collective names its group by id, as its `pg_name` does (the
-    groups themselves, every rank of the mesh, are in the communicator-group file)."""
-    data = nx.node_link_data(graph.on_rank(0), edges="edges")
-    for node in data["nodes"]:
-        if "groups" in node:
-            del node["groups"]
-            node["pg_name"] = str(groups.ids_of_rank[0, groups.partition_of[node["id"]]])
+def _graph_json(plan: TracePlan) -> str:
+    """Rank 0's workload graph, the nodes of its file: a collective names its group by id, as its
+    `pg_name` does (the groups themselves, every rank of the mesh, are in the communicator-group
+    file)."""
+    graph = nx.DiGraph()
+    for planned in plan.planned(int(plan.classes.of_rank[0])):
+        graph.add_node(planned.id, **_graph_node(planned, plan))
+        graph.add_edges_from((dep, planned.id) for dep in planned.deps)
+        graph.add_edges_from((dep, planned.id, {"ctrl": True}) for dep in planned.ctrl)
+    data = nx.node_link_data(graph, edges="edges")
     return json.dumps(data, sort_keys=True, default=list) + "\n"
+
+
+def _graph_node(planned: Planned, plan: TracePlan) -> dict:
+    node = {key: value for key, value in planned.data.items() if key != "groups"} | {"name": planned.name}
+    if planned.partition >= 0:
+        node["pg_name"] = str(plan.groups.ids_of_rank[0, planned.partition])
+    return node
 
 
 def donated_names(workload: Workload, module: PartitionedModule) -> list[str]:
@@ -213,19 +223,19 @@ def write_trace(
     (`check`)."""
     started = time.perf_counter()
     prefix = request.name or extraction.workload.name
+    plan = extraction.plan
     emitter = ChakraEmitter(
-        extraction.graph,
+        plan,
         request.device,
-        extraction.groups,
-        extraction.classes,
         metadata={"producer": f"flint {__version__}", "mesh": str(request.mesh)},
         durations=request.durations,
         estimates=_xla_estimates(request, extraction),
     )
     one_per_class = request.rank_files == ONE_PER_CLASS
-    files = len(extraction.classes.roles) if one_per_class else request.mesh.size
+    files = len(plan.classes.roles) if one_per_class else request.mesh.size
     kept: dict = {}
     size = extraction.trace_size = trace_bytes(emitter, kept, one_per_class)
+    extraction.totals = merged_totals(plan.classes, [emitter.totals[c] for c in range(len(plan.classes.roles))])
     needed = size.one_per_class if one_per_class else size.every_rank
     free = shutil.disk_usage(out.staging).free
     if needed > free:
@@ -237,7 +247,7 @@ def write_trace(
         )
     if progress:
         progress(TRACE_BYTES, size.one_per_class, size.every_rank)
-    out.write_text(f"{prefix}.comm_groups.json", json.dumps(extraction.groups.as_json()) + "\n")
+    out.write_text(f"{prefix}.comm_groups.json", json.dumps(plan.groups.as_json()) + "\n")
     extraction.bytes_written = write_ranks(
         emitter,
         out.staging,
@@ -246,7 +256,7 @@ def write_trace(
         kept=kept,
         one_per_class=one_per_class,
     )
-    out.write_text(f"{prefix}.graph.json", _graph_json(extraction.graph, extraction.groups))
+    out.write_text(f"{prefix}.graph.json", _graph_json(plan))
     out.write_text(
         "manifest.json", json.dumps(manifest(request, extraction, prefix), indent=2) + "\n"
     )
@@ -348,27 +358,22 @@ def _stages(
     program = parse_module(module)
     lap("parse")
     graph = build_graph(program, compiled_mesh.size, request.loop_trips, compiled_mesh)
-    regions = None
-    if request.pipeline:
-        graph, regions = pipeline_graph(
-            graph, program, layout, request.pipeline, request.mesh, chunk_layers
-        )
     if graph.unknown_ops and request.strict:
         raise FlintError(
             f"no cost rule for {', '.join(graph.unknown_ops)} (--strict): drop --strict to emit "
             "them with bytes only"
         )
-    first_nodes_take_time(graph)
-    classes = rank_classes(graph)
+    regions, plan = None, GraphPlan(graph)
+    if request.pipeline:
+        step = pipeline_step(graph, program, layout, request.pipeline, request.mesh, chunk_layers)
+        regions, plan = step.regions, PipelinedPlan(step)
     extraction = Extraction(
         workload=workload,
         layout=layout,
         module=module,
         program=program,
         graph=graph,
-        groups=GroupTable(graph),
-        classes=classes,
-        totals=rank_totals(graph, classes),
+        plan=plan,
         regions=regions,
     )
     lap("graph")

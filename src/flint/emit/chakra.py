@@ -12,30 +12,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import numpy as np
-
 from flint.devices import Device
 from flint.devices.kernels import kernel_micros
-from flint.emit.classes import RankClasses
 from flint.emit.durations import RunningMicros
-from flint.emit.groups import GroupTable
-from flint.emit.plan import COLLECTIVE, COMPUTE, SEND, Planned, plan_class
+from flint.emit.plan import COLLECTIVE, COMM_TYPE, COMPUTE, SEND, Planned, TracePlan
+from flint.emit.summary import RankTotals, TotalsCounter
 from flint.emit.template import GroupSlot, PeerSlot, RankTemplate
-from flint.graph import WorkloadGraph
 from flint.schema import et_def_pb2 as pb
 from flint.trace.framing import encode_delimited
 from flint.trace.timing import Link
 
 SCHEMA_VERSION = "0.0.4"
-
-COMM_TYPE = {
-    "all_reduce": pb.ALL_REDUCE,
-    "all_gather": pb.ALL_GATHER,
-    "reduce_scatter": pb.REDUCE_SCATTER,
-    "all_to_all": pb.ALL_TO_ALL,
-    "ragged_all_to_all": pb.ALL_TO_ALL,
-    "collective_broadcast": pb.BROADCAST,
-}
 
 
 def _attr(name: str, **value) -> pb.AttributeProto:
@@ -76,9 +63,7 @@ class NodeMessages:
     once per distinct kernel (`_kernel`), and each node adds what differs (its id, name,
     dependencies and rounded duration) in front, as protobuf writes fields in number order."""
 
-    def __init__(self, graph: WorkloadGraph, device: Device, durations: str,
-                 estimates: Mapping[int, float] | None = None):
-        self.graph = graph.graph
+    def __init__(self, device: Device, durations: str, estimates: Mapping[int, float] | None = None):
         self.device = device
         self.durations = durations
         self.estimates = estimates
@@ -108,26 +93,25 @@ class NodeMessages:
     def compute_bytes(self, planned: Planned, durations: RunningMicros) -> bytes:
         """A compute node's serialized message. Memory nodes become COMP nodes with one op, so
         roofline mode times them by bytes alone."""
-        data = self.graph.nodes[planned.node]
-        attrs, micros = self._kernel(data)
-        head = pb.Node(id=planned.id, name=data["name"], type=pb.COMP_NODE, ctrl_deps=planned.ctrl,
+        attrs, micros = self._kernel(planned.data)
+        head = pb.Node(id=planned.id, name=planned.name, type=pb.COMP_NODE, ctrl_deps=planned.ctrl,
                        data_deps=planned.deps, duration_micros=durations.next(micros))
         return head.SerializeToString() + attrs
 
     def micros(self, data: dict) -> float:
         """The node's exact time: XLA's estimate for its instruction under `--durations xla`
         (the pipeline makes sure every kernel has one), else the device's kernel model."""
-        if self.durations == "xla":
-            return self.estimates[data["instruction"]]
+        if self.durations == "xla":  # a pipelined unit's start node computes nothing, and has none
+            return self.estimates[data["instruction"]] if "instruction" in data else 0.0
         return kernel_micros(self.device, self.durations, data["flops"], data["bytes"], data.get("gemm"),
                              data.get("kernel"))
 
     def message(self, planned: Planned, durations: RunningMicros) -> pb.Node:
         """A communication node's message (compute nodes: `compute_bytes`)."""
-        data = self.graph.nodes[planned.node]
+        data = planned.data
         message = pb.Node(
             id=planned.id,
-            name=data["name"],
+            name=planned.name,
             data_deps=planned.deps,
             ctrl_deps=planned.ctrl,
             attr=_every_node(data),
@@ -149,7 +133,7 @@ class NodeMessages:
             message.type = pb.COMM_SEND_NODE if planned.kind == SEND else pb.COMM_RECV_NODE
             message.attr.extend(
                 [
-                    _attr("comm_tag", int32_val=planned.node),
+                    _attr("comm_tag", int32_val=planned.tag),
                     _attr("comm_size", int64_val=data["comm_bytes"]),
                     *_origin(data),
                 ]
@@ -158,49 +142,30 @@ class NodeMessages:
 
 
 class ChakraEmitter:
-    """Serializes the graph into per-rank `.et` byte streams, one template per rank class."""
+    """Serializes a trace plan into per-rank `.et` byte streams, one template per rank class, and
+    counts each class's totals as it goes (`totals`, once every class's template was built)."""
 
     def __init__(
         self,
-        graph: WorkloadGraph,
+        plan: TracePlan,
         device: Device,
-        groups: GroupTable,
-        classes: RankClasses,
         metadata: dict,
         durations: str = "roofline",
         estimates: Mapping[int, float] | None = None,
     ):
-        self.graph = graph
-        self.groups = groups
-        self.classes = classes
-        self._messages = NodeMessages(graph, device, durations, estimates)
+        self.plan = plan
+        self.groups = plan.groups
+        self.classes = plan.classes
+        self.totals: dict[int, RankTotals] = {}
+        self._messages = NodeMessages(device, durations, estimates)
         self._header = encode_delimited(
             pb.GlobalMetadata(
                 version=SCHEMA_VERSION,
                 attr=[_attr(k, string_val=str(v)) for k, v in sorted(metadata.items())],
             ).SerializeToString()
         )
-        self._tails = [b""] + [group_bytes(gid) for gid in range(1, len(groups.ids) + 1)]
+        self._tails = [b""] + [group_bytes(gid) for gid in range(1, len(self.groups.ids) + 1)]
         self._tail_sizes = frozenset(len(tail) for tail in self._tails[1:])
-        pairs = {node: graph.graph.nodes[node]["pairs"] for node in self.classes.permutes}
-        self._target_of = {node: {s: t for s, t in p} for node, p in pairs.items()}
-        self._source_of = {node: {t: s for s, t in p} for node, p in pairs.items()}
-        self._check_every_rank_has_a_group()
-
-    def _check_every_rank_has_a_group(self) -> None:
-        """Every rank that runs a collective is in one of its groups: every rank, or in a
-        pipelined graph the ranks of the collective's stage (the same for its whole partition)."""
-        first = self.groups.first_node
-        outside = self.groups.ids_of_rank == 0
-        stage_of = self.graph.stage_of_rank()
-        for partition, node in enumerate(first):
-            stage = self.graph.graph.nodes[node].get("stage")
-            if stage is not None:
-                outside[stage_of != stage, partition] = False
-        missing = np.argwhere(outside)
-        if len(missing):
-            rank, partition = missing[0]
-            raise AssertionError(f"rank {rank} is in no group of collective node {first[partition]}")
 
     def template(self, cls: int) -> RankTemplate:
         """The files of every rank in class `cls`, as constant bytes around per-rank slots."""
@@ -208,7 +173,9 @@ class ChakraEmitter:
         slots: list[GroupSlot | PeerSlot] = []
         run = [self._header]
         durations = RunningMicros()
-        for planned in plan_class(self.graph, self.classes, cls):
+        counter = TotalsCounter()
+        for planned in self.plan.planned(cls):
+            counter.add(planned)
             if planned.kind == COMPUTE:
                 run.append(encode_delimited(self._messages.compute_bytes(planned, durations)))
                 continue
@@ -216,11 +183,9 @@ class ChakraEmitter:
             constants.append(b"".join(run))
             run = []
             if planned.kind == COLLECTIVE:
-                partition = self.groups.partition_of[planned.node]
-                slots.append(GroupSlot(message, partition, self._tails, self._tail_sizes))
-            elif planned.kind == SEND:
-                slots.append(PeerSlot(message, self._target_of[planned.node], True, peer_bytes))
+                slots.append(GroupSlot(message, planned.partition, self._tails, self._tail_sizes))
             else:
-                slots.append(PeerSlot(message, self._source_of[planned.node], False, peer_bytes))
+                slots.append(PeerSlot(message, planned.peer_of, planned.kind == SEND, peer_bytes))
         constants.append(b"".join(run))
+        self.totals[cls] = counter.totals()
         return RankTemplate(constants, slots, self.groups.ids_of_rank)

@@ -4,7 +4,7 @@ Every rank runs one SPMD program. Only point-to-point traffic changes which node
 `collective_permute` a rank sends, receives, both or neither, and its dependents wait on whichever it
 did. Ranks that play the same role at every permute get files with the same nodes and dependencies,
 differing only in group ids and peer ranks, so one template per class serves all its ranks. In a
-pipelined graph a rank also runs only its own stage's nodes, so its stage is part of its role.
+pipelined step a rank also runs only its own stage's units, so its stage is part of its role.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ class RankClasses:
 
 
 def rank_classes(graph: WorkloadGraph) -> RankClasses:
-    """Group the ranks by their stage and their role at every permute (one class when there are
-    neither). A rank's role is the permutes it sends and receives at, as lists: a pipelined graph
-    has tens of thousands of permutes, each between two stages' ranks only."""
+    """Group the ranks by their role at every permute (one class when there are none). A rank's
+    role is the permutes it sends and receives at, as lists: a step may have thousands of
+    permutes, each between a few ranks."""
     permutes = tuple(
         node for node, data in graph.nodes() if data.get("collective") == "collective_permute"
     )
-    if not permutes and not graph.stages:
+    if not permutes:
         return RankClasses((), (Role((), ()),), np.zeros(graph.num_ranks, dtype=np.int64))
     sends: list[list[int]] = [[] for _ in range(graph.num_ranks)]
     receives: list[list[int]] = [[] for _ in range(graph.num_ranks)]
@@ -62,16 +62,14 @@ def rank_classes(graph: WorkloadGraph) -> RankClasses:
         for source, target in graph.graph.nodes[node]["pairs"]:
             sends[source].append(column)
             receives[target].append(column)
-    stage_of = graph.stage_of_rank().tolist()
     class_of: dict[tuple, int] = {}  # numbered in order of their lowest rank: deterministic, rank 0 first
     of_rank = np.empty(graph.num_ranks, dtype=np.int64)
     roles = []
     for rank in range(graph.num_ranks):
-        key = (stage_of[rank], tuple(sends[rank]), tuple(receives[rank]))
+        key = (tuple(sends[rank]), tuple(receives[rank]))
         if key not in class_of:
             class_of[key] = len(roles)
-            roles.append(Role(_marks(key[1], len(permutes)), _marks(key[2], len(permutes)),
-                              key[0] if graph.stages else None))
+            roles.append(Role(_marks(key[0], len(permutes)), _marks(key[1], len(permutes))))
         of_rank[rank] = class_of[key]
     return RankClasses(permutes=permutes, roles=tuple(roles), of_rank=of_rank)
 

@@ -11,17 +11,17 @@ built-in device's bandwidth, so at any of theirs.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from flint.devices import BUILTIN
-from flint.graph import WorkloadGraph
 
 FIRST_NODE_BYTES = math.ceil(max(d.mem_bw_gbps for d in BUILTIN.values()))
 """Bytes that take at least a nanosecond on every built-in device (GB/s is bytes per ns)."""
 
 
-def first_nodes_take_time(graph: WorkloadGraph) -> None:
-    """Raise the bytes of each compute node without dependencies to `FIRST_NODE_BYTES`, before
-    totals and traces are written from them, so that every command counts the same bytes."""
-    for node, data in graph.graph.nodes(data=True):
-        if data["kind"] != "collective" and graph.graph.in_degree(node) == 0:
-            data["bytes"] = max(data["bytes"], FIRST_NODE_BYTES)
+def taking_time(data: Mapping) -> Mapping:
+    """A compute node without dependencies, its bytes raised to `FIRST_NODE_BYTES`: the planners
+    apply it as they plan each file, so the totals and every command count the same bytes."""
+    if data["bytes"] >= FIRST_NODE_BYTES:
+        return data
+    return {**data, "bytes": FIRST_NODE_BYTES}

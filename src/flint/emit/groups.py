@@ -7,9 +7,9 @@ over), so everything per rank is kept as one small integer table: rank x partiti
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Hashable, Iterable
 
-from flint.graph import WorkloadGraph
+import numpy as np
 
 Partition = tuple[tuple[int, ...], ...]
 
@@ -18,20 +18,18 @@ class GroupTable:
     """Every distinct rank group of the trace, numbered from 1 in order of first use.
 
     Ids are what `pg_name` holds and what the communicator-group file maps back to ranks.
-    `partition_of[node]` names the partition a collective node runs over, `first_node[p]` the first
-    node to run over partition p; `ids_of_rank[rank, p]` is the id of the rank's group in partition
-    p (0 where the rank is in none of its groups).
+    `uses` are the collectives as `(node, groups)` in program order: `partition_of[node]` names the
+    partition a collective node runs over, `first_node[p]` the first node to run over partition p;
+    `ids_of_rank[rank, p]` is the id of the rank's group in partition p (0 where the rank is in none
+    of its groups).
     """
 
-    def __init__(self, graph: WorkloadGraph):
+    def __init__(self, uses: Iterable[tuple[Hashable, Partition]], num_ranks: int):
         self.ids: dict[tuple[int, ...], int] = {}
-        self.partition_of: dict[int, int] = {}
-        self.first_node: list[int] = []
+        self.partition_of: dict[Hashable, int] = {}
+        self.first_node: list[Hashable] = []
         partitions: dict[Partition, int] = {}
-        for node, data in graph.nodes():
-            groups = data.get("groups")
-            if groups is None:
-                continue
+        for node, groups in uses:
             index = partitions.get(groups)
             if index is None:  # a partition seen before already numbered all its groups
                 index = partitions[groups] = len(partitions)
@@ -39,7 +37,7 @@ class GroupTable:
                 for group in groups:
                     self.ids.setdefault(group, len(self.ids) + 1)
             self.partition_of[node] = index
-        self.ids_of_rank = np.zeros((graph.num_ranks, len(partitions)), dtype=np.int64)
+        self.ids_of_rank = np.zeros((num_ranks, len(partitions)), dtype=np.int64)
         for groups, index in partitions.items():
             column = self.ids_of_rank[:, index]
             for group in groups:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from flint.emit.chakra import COMM_TYPE
 from flint.emit.classes import RankClasses
-from flint.graph import WorkloadGraph
-from flint.trace.vocabulary import RECV, SEND, collective_name, compute_flops, totals_json
+from flint.emit.plan import COLLECTIVE, COMM_TYPE, COMPUTE, Planned
+from flint.trace.vocabulary import collective_name, compute_flops, totals_json
 
 
 @dataclass(frozen=True)
@@ -44,63 +43,40 @@ def _ranges(ranks: np.ndarray) -> list[list[int]]:
     return [[int(a), int(b)] for a, b in zip(starts, ends)]
 
 
-def _totals(nodes) -> RankTotals:
-    """The totals of `(id, attributes)` nodes, permutes left out (they differ per rank)."""
-    count: Counter[str] = Counter()
-    size: Counter[str] = Counter()
-    flops = transcendentals = nbytes = total = 0
-    for _, data in nodes:
-        if data.get("collective") == "collective_permute":
-            continue
-        total += 1
-        if data["kind"] == "collective":
-            kind = collective_name(COMM_TYPE[data["collective"]])
-            count[kind] += 1
-            size[kind] += data["comm_bytes"]
-        else:
-            flops += compute_flops(data["flops"])
-            transcendentals += data["transcendentals"]
-            nbytes += data["bytes"]
-    return RankTotals(total, flops, transcendentals, nbytes, dict(count), dict(size))
+class TotalsCounter:
+    """Counts one class's file as it is planned, node by node."""
+
+    def __init__(self) -> None:
+        self.nodes = self.flops = self.transcendentals = self.bytes = 0
+        self.count: Counter[str] = Counter()
+        self.size: Counter[str] = Counter()
+
+    def add(self, planned: Planned) -> None:
+        self.nodes += 1
+        data = planned.data
+        if planned.kind == COMPUTE:
+            self.flops += compute_flops(data["flops"])
+            self.transcendentals += data["transcendentals"]
+            self.bytes += data["bytes"]
+            return
+        kind = collective_name(COMM_TYPE[data["collective"]]) if planned.kind == COLLECTIVE else planned.kind
+        self.count[kind] += 1
+        self.size[kind] += data["comm_bytes"]
+
+    def totals(self) -> RankTotals:
+        return RankTotals(self.nodes, self.flops, self.transcendentals, self.bytes, dict(self.count),
+                          dict(self.size))
 
 
-def rank_totals(
-    graph: WorkloadGraph, classes: RankClasses
+def merged_totals(
+    classes: RankClasses, per_class: list[RankTotals]
 ) -> list[tuple[list[list[int]], RankTotals]]:
-    """Totals per class of ranks that do the same work, as `(rank ranges, totals)`, rank 0's first.
-
-    Every rank runs the same SPMD program (in a pipeline, its stage's); only permutes differ (a
-    rank may send, receive, both or neither), so the shared part is counted once and each rank
-    class's permutes on top. Classes whose sends and receives add up to the same totals are
-    reported together.
-    """
-    by_stage: dict[int | None, list] = {}
-    for node in graph.nodes():
-        by_stage.setdefault(node[1].get("stage"), []).append(node)
-    permute_bytes = [graph.graph.nodes[node]["comm_bytes"] for node in classes.permutes]
-    merged: dict[tuple, list[int]] = {}  # stage and role totals -> classes, in order of first rank
-    for cls, role in enumerate(classes.roles):
-        key = Counter()
-        for comm_bytes, sends, receives in zip(permute_bytes, role.sends, role.receives):
-            key[SEND, comm_bytes] += sends
-            key[RECV, comm_bytes] += receives
-        merged.setdefault(
-            (role.stage, tuple(sorted((k, n) for k, n in key.items() if n))), []
-        ).append(cls)
-    result = []
-    for (stage, role), members in merged.items():
-        runs = by_stage.get(None, []) + (by_stage.get(stage, []) if stage is not None else [])
-        shared = _totals(runs)
-        rank_count, rank_size = Counter(shared.collective_count), Counter(shared.collective_bytes)
-        for (kind, comm_bytes), times in role:
-            rank_count[kind] += times
-            rank_size[kind] += comm_bytes * times
-        totals = replace(
-            shared,
-            nodes=shared.nodes + sum(times for _, times in role),
-            collective_count=dict(rank_count),
-            collective_bytes=dict(rank_size),
-        )
-        ranks = np.flatnonzero(np.isin(classes.of_rank, members))
-        result.append((_ranges(ranks), totals))
-    return result
+    """Totals per class of ranks that do the same work, as `(rank ranges, totals)`, rank 0's first:
+    classes of one stage whose sends and receives add up to the same totals are reported together."""
+    merged: dict[tuple, list[int]] = {}  # stage and totals -> classes, in order of first rank
+    for cls, (role, totals) in enumerate(zip(classes.roles, per_class)):
+        merged.setdefault((role.stage, repr(totals.as_json())), []).append(cls)
+    return [
+        (_ranges(np.flatnonzero(np.isin(classes.of_rank, members))), per_class[members[0]])
+        for members in merged.values()
+    ]

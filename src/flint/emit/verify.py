@@ -8,8 +8,8 @@ does that). Instead:
 - every rank's file must exist (one per class's, for a set of one file per class);
 - the cross-rank rules follow from what the files were rendered from, checked against the
   communicator-group file as written: for each collective, the ranks that name a group in their
-  files are exactly that group's members (`group-member`, `collective-match`), and each permute's
-  pairs give every SEND exactly one RECV (`send-recv-match`).
+  files are exactly that group's members (`group-member`, `collective-match`), and each
+  point-to-point transfer's pairs give every SEND exactly one RECV (`send-recv-match`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ from flint.trace.contract import check_rank_files
 from flint.trace.reader import comm_groups_path, read_comm_groups
 from flint.trace.violation import Violation
 
+CHECK_APART_BYTES = 2**26
+"""Sampled files of more bytes than this are checked in a process per core (a pipelined trace's
+run to gigabytes); below it, starting the processes would cost more than it saves."""
+
 
 def check_emitted(
     directory: Path, prefix: str, emitter: ChakraEmitter, one_per_class: bool = False
@@ -31,10 +35,13 @@ def check_emitted(
     """Every contract violation found in the trace `emitter` wrote into `directory` (with
     `one_per_class`: each class's first rank's file only)."""
     classes = emitter.classes
-    num_ranks = emitter.graph.num_ranks
+    num_ranks = emitter.plan.num_ranks
     written = classes.first_ranks() if one_per_class else range(num_ranks)
     sample = set(classes.first_ranks()) | (set() if one_per_class else set(classes.last_ranks()))
-    violations = check_rank_files(directory, prefix, num_ranks, sample)
+    sampled = sum(os.path.getsize(directory / f"{prefix}.{rank}.et") for rank in sample
+                  if os.path.exists(directory / f"{prefix}.{rank}.et"))
+    workers = len(os.sched_getaffinity(0)) if sampled > CHECK_APART_BYTES else 1
+    violations = check_rank_files(directory, prefix, num_ranks, sample, workers)
     violations += _missing_files(directory, prefix, written)
     written = read_comm_groups(comm_groups_path(directory, prefix))
     violations += _group_use(emitter, written)
@@ -78,9 +85,9 @@ def _group_use(emitter: ChakraEmitter, written: dict[int, tuple[int, ...]]) -> l
 def _pair_violations(emitter: ChakraEmitter) -> list[Violation]:
     """A permute whose pairs repeat a source or target leaves a SEND or RECV without its match."""
     violations = []
-    num_ranks = emitter.graph.num_ranks
-    for node in emitter.classes.permutes:
-        pairs = np.asarray(emitter.graph.graph.nodes[node]["pairs"], dtype=np.int64)
+    num_ranks = emitter.plan.num_ranks
+    for node, pairs in emitter.plan.pair_sets():
+        pairs = np.asarray(pairs, dtype=np.int64)
         for side, column in (("source", pairs[:, 0]), ("target", pairs[:, 1])):
             ranks, counts = np.unique(column, return_counts=True)
             if (counts > 1).any():

@@ -25,9 +25,8 @@ edges marked `ctrl=True` add the schedule's order: each node follows the one sch
 except that work after an async start does not wait for the collective until its done.
 
 All ranks run the same SPMD program, so one graph serves every rank; emission resolves per rank the
-group of a collective and the peers of a permute. A pipelined graph (`flint.pipelining`) is the
-exception: it joins copies of one stage's graph for every stage, and a node with a `stage` attribute
-is run only by that stage's ranks (`WorkloadGraph.stages`).
+group of a collective and the peers of a permute. A pipelined step (`flint.pipelining`) runs copies
+of one stage's graph on every stage.
 
 Nodes unrolled from a top-level `while` are recorded with the loop and the iteration they come from,
 each such loop with the nodes that produce its results, and every node with the entry arguments it
@@ -71,9 +70,7 @@ class WorkloadGraph:
 
     `loops` are the top-level loops in program order; `loop_of[node]` is `(loop, iteration)` for a
     node unrolled from one. `reads[node]` are the positions of the entry arguments a node reads
-    directly or through free ops (nodes that read none are left out). `stages[s]` are the ranks of
-    pipeline stage s, for a graph whose nodes carry a `stage` attribute (empty otherwise: every rank
-    runs every node).
+    directly or through free ops (nodes that read none are left out).
     """
 
     graph: nx.DiGraph
@@ -82,44 +79,11 @@ class WorkloadGraph:
     loops: tuple[LoopRun, ...] = ()
     loop_of: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     reads: Mapping[int, frozenset[int]] = field(default_factory=dict)
-    stages: tuple[tuple[int, ...], ...] = ()
     costliest_branches: int = 0
 
     def nodes(self):
         """`(id, attributes)` in program (topological) order."""
         return sorted(self.graph.nodes(data=True))
-
-    def nodes_of_stage(self, stage: int | None) -> list[tuple[int, dict]]:
-        """`nodes()` that a rank of pipeline `stage` runs: its stage's and the unstaged ones (all
-        of them for None). Indexed for every stage at the first call, since a pipelined graph of a
-        large model has millions of nodes over dozens of stages, each of whose files reads it."""
-        if stage is None:
-            return self.nodes()
-        by_stage = self.__dict__.get("_by_stage")
-        if by_stage is None:
-            by_stage = [[] for _ in self.stages]
-            for node, data in self.nodes():
-                on = data.get("stage")
-                for nodes in (by_stage if on is None else (by_stage[on],)):
-                    nodes.append((node, data))
-            object.__setattr__(self, "_by_stage", by_stage)
-        return by_stage[stage]
-
-    def stage_of_rank(self) -> np.ndarray:
-        """Each rank's pipeline stage, -1 for every rank of a graph without stages."""
-        stage_of = np.full(self.num_ranks, -1, dtype=np.int64)
-        for stage, ranks in enumerate(self.stages):
-            stage_of[list(ranks)] = stage
-        return stage_of
-
-    def on_rank(self, rank: int) -> nx.DiGraph:
-        """The nodes `rank` runs: all of them, or those of its stage and the unstaged ones."""
-        if not self.stages:
-            return self.graph
-        stage = int(self.stage_of_rank()[rank])
-        return self.graph.subgraph(
-            n for n, s in self.graph.nodes(data="stage") if s is None or s == stage
-        )
 
 
 def _union(table: Mapping[int, frozenset[int]], values) -> frozenset[int]:

@@ -2,8 +2,8 @@
 `lax.scan`.
 
 In: the `WorkloadGraph` of one microbatch of one chunk of layers, compiled on the mesh without the
-stage axis. Out: one `WorkloadGraph` for the whole mesh, its nodes tagged with the stage that runs
-them. Imports: `flint.graph`, `flint.ir`, `flint.layout`, the frontend and the foundation modules.
+stage axis. Out: a `PipelinedStep`: that piece, its regions, and the units each stage runs in order
+(`flint.emit` writes each stage's file from them, holding only the copies later units read). Imports: `flint.graph`, `flint.ir`, `flint.layout`, the frontend and the foundation modules.
 
 `flint extract --pipeline-stages S --microbatches M --schedule gpipe|1f1b|interleaved
 [--virtual-stages V]` on a mesh with a stage axis (named `pp` or `stage`, of size S). Flint never
@@ -26,21 +26,21 @@ re-derives what the compiler knows; it compiles one piece and arranges copies of
    POST_LAST); the rest runs with every backward (GRAD, GRAD_FIRST, GRAD_LAST: weight gradients of
    the embedding and the head, zeroed gradient buffers). If the compiler dropped unused entry
    arguments, which of them is the batch is not known: all of PRE and POST are then per step.
-3. One graph for the whole mesh joins copies, each run only by one stage's ranks (node attribute
-   `stage`). Chunk c of stage s is virtual stage c·S + s. Per microbatch m: F(m, c) is a copy of
-   LOCAL and FWD (with PRE before them on virtual stage 0, MID after them on the last); B(m, c) one
-   of BWD and GRAD (with GRAD_FIRST on virtual stage 0, GRAD_LAST on the last). Once per step and
-   chunk each stage then runs POST (with POST_FIRST, POST_LAST likewise). A virtual stage sends its
-   forward output to the next and its input gradient back to the one before (chunk boundaries wrap
-   from the last stage to the first): a `collective_permute` from each rank of one stage to the rank
-   at the same position of the other mesh axes on the other, of the bytes the compiled forward loop
-   carries from layer to layer (the backward loop's for gradients). Each stage's units follow its
-   schedule: a unit begins with a start node (`F3.0 start`, op `unit_start`, one FLOP and one
-   byte) that waits (`ctrl`) for the ends of the unit before it (its nodes that none of its others
-   follow) and for what the unit receives, and the unit's first nodes wait for it. So a unit starts
-   as a whole and a simulator reproduces the schedule's bubble, at one control edge per end and
-   per first node of a boundary (not their product). Nodes are named after their unit:
-   `F3.0 <name>`, `B3.0 <name>`, `U.0 <name>` for the update.
+3. Each stage's ranks run copies of the piece, unit by unit (`PipelinedStep.units`). Chunk c of
+   stage s is virtual stage c·S + s. Per microbatch m: F(m, c) is a copy of LOCAL and FWD (with PRE
+   before them on virtual stage 0, MID after them on the last); B(m, c) one of BWD and GRAD (with
+   GRAD_FIRST on virtual stage 0, GRAD_LAST on the last). Once per step and chunk each stage then
+   runs POST (with POST_FIRST, POST_LAST likewise). A virtual stage sends its forward output to the
+   next and its input gradient back to the one before (chunk boundaries wrap from the last stage to
+   the first): a `collective_permute` from each rank of one stage to the rank at the same position
+   of the other mesh axes on the other, of the bytes the compiled forward loop carries from layer to
+   layer (the backward loop's for gradients). Each stage's units follow its schedule: a unit begins
+   with a start node (`F3.0 start`, op `unit_start`, one FLOP and one byte) that waits (`ctrl`) for
+   the ends of the unit before it (its nodes that none of its others follow) and for what the unit
+   receives, and the unit's first nodes wait for it. So a unit starts as a whole and a simulator
+   reproduces the schedule's bubble, at one control edge per end and per first node of a boundary
+   (not their product). Nodes are named after their unit: `F3.0 <name>`, `B3.0 <name>`, `U.0 <name>`
+   for the update.
 
 On the compiler's optimised module (a GPU backend's default stage) the piece is its kernels: a
 scan's stacked outputs are updated in place inside fusions, some of them run asynchronously (seen
@@ -63,7 +63,7 @@ Approximate, and said so in the README:
 - a POST node that BWD depends on (none in the bundled models) is not waited for.
 """
 
-from flint.pipelining.compose import pipeline_graph
+from flint.pipelining.compose import PipelinedStep, pipeline_step
 from flint.pipelining.piece import one_microbatch, stage_mesh
 from flint.pipelining.regions import Regions
 from flint.pipelining.schedules import (
@@ -79,11 +79,12 @@ __all__ = [
     "SCHEDULES",
     "UNIT_NAME",
     "PipelineRequest",
+    "PipelinedStep",
     "Regions",
     "gpipe",
     "interleaved",
     "one_f_one_b",
     "one_microbatch",
-    "pipeline_graph",
+    "pipeline_step",
     "stage_mesh",
 ]

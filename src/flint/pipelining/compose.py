@@ -1,8 +1,17 @@
-"""One graph for the whole mesh: copies of the piece's regions, ordered by each stage's schedule."""
+"""The pipelined step: the piece, and the units each stage runs in its schedule's order.
+
+A pipelined trace repeats one forward and one backward of the piece per microbatch on every stage:
+thousands of copies on the largest published layouts (64 stages of 512 microbatches). So the step
+is held as the piece plus, per stage, a list of units that say what each copies and exchanges;
+`flint.emit` writes each stage's file unit by unit from them, never holding the copies.
+"""
 
 from __future__ import annotations
 
-import networkx as nx
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
 import numpy as np
 
 from flint.graph import WorkloadGraph
@@ -22,7 +31,6 @@ from flint.pipelining.regions import (
     POST_FIRST,
     POST_LAST,
     PRE,
-    REGIONS,
     Regions,
     find_regions,
 )
@@ -36,221 +44,153 @@ from flint.pipelining.schedules import (
 )
 
 UNIT_START = "unit_start"
-"""The `op` of the node each unit starts with (`_Composer.open_unit`)."""
+"""The `op` of the node each unit starts with: it waits for the ends of the stage's previous unit
+and for what the unit receives, and the unit's first nodes wait for it."""
 
-Copy = dict[int, tuple[int, ...]]
-"""A region's copy: node of the piece -> nodes of the pipelined graph that stand for it."""
+PermuteKey = tuple[str, int, int]
+"""A transfer between stages: (`FORWARD` or `BACKWARD`, microbatch, the sending virtual stage)."""
 
 
-class _Composer:
-    """Builds the pipelined graph unit by unit, in an order where every node follows its inputs."""
+@dataclass(frozen=True)
+class Transfer:
+    """An activation (forward) or a gradient (backward) one stage's ranks send to another's."""
 
-    def __init__(self, piece: WorkloadGraph, regions: Regions, request: PipelineRequest, ranks: np.ndarray):
-        self.piece = piece.graph
-        self.regions = regions
-        self.request = request
-        self.ranks = ranks
-        self.out = nx.DiGraph()
-        self.units: dict[tuple[int, Work], dict[str, Copy]] = {}  # (stage, work) -> region copies
-        self.permutes: dict[tuple[str, int, int], int] = {}  # (kind, microbatch, virtual stage) -> node
-        self.last: dict[int, list[int]] = {}  # stage -> nodes of its previous unit
-        self.by_region = {r: regions.nodes(r) for r in REGIONS}
-        self._groups: dict[tuple, tuple] = {}
+    key: PermuteKey
+    source: int
+    target: int
+    nbytes: int
+    tag: int
+    """The same on both ends and unique in the step: what pairs the SEND with its RECV."""
+    name: str
 
-    def on_stage(self, ranks_of_piece: tuple[tuple[int, ...], ...], stage: int) -> tuple:
-        """Groups (or the sources and targets of pairs) of the piece's ranks as `stage`'s ranks."""
-        key = (ranks_of_piece, stage)
-        if key not in self._groups:
-            self._groups[key] = tuple(tuple(int(self.ranks[stage, q]) for q in g) for g in ranks_of_piece)
-        return self._groups[key]
 
-    def copy(
-        self, regions: tuple[str, ...], stage: int, label: str, context: dict, skip=frozenset()
-    ) -> None:
-        """Copy regions onto `stage`, their nodes in the piece's order; a data edge of the piece
-        from another region resolves through `context` (region -> its copy here, or the nodes
-        standing for all of it), else is dropped. A control edge (the compiler's schedule, on the
-        optimised stage) is kept only between nodes of this copy: between units the pipeline's
-        schedule orders them (`open_unit`)."""
-        first = self.out.number_of_nodes()
-        for region in regions:
-            context[region] = {}
-        for node in sorted(n for region in regions for n in self.by_region[region]):
-            copied = context[self.regions.region_of[node]]
-            data_deps: set[int] = set()
-            ctrl_deps: set[int] = set()
-            for pred, edge in self.piece.pred[node].items():
-                where = context.get(self.regions.region_of[pred], ())
-                found = where if isinstance(where, tuple) else where.get(pred, ())
-                if edge.get("ctrl"):
-                    ctrl_deps.update(n for n in found if n >= first)
-                else:
-                    data_deps.update(found)
-            if node in skip:
-                copied[node] = tuple(sorted(data_deps | ctrl_deps))
-                continue
-            data = dict(self.piece.nodes[node], stage=stage)
-            data["name"] = f"{label} {data['name']}"
-            if "groups" in data:
-                data["groups"] = self.on_stage(data["groups"], stage)
-            if "pairs" in data:
-                data["pairs"] = tuple(zip(*self.on_stage(tuple(zip(*data["pairs"])), stage)))
-            copied[node] = (self.add(data, data_deps, ctrl_deps - data_deps),)
+@dataclass(frozen=True)
+class Unit:
+    """One unit of a stage: copies of the piece's `regions` (in the piece's order), named `label`.
 
-    def add(self, data: dict, deps, ctrl=()) -> int:
-        node = self.out.number_of_nodes()
-        self.out.add_node(node, **data)
-        for dep in sorted(deps):
-            self.out.add_edge(dep, node)
-        for dep in sorted(ctrl):
-            self.out.add_edge(dep, node, ctrl=True)
-        return node
+    `reads` is the unit whose copies this one's data dependencies resolve through (a backward's
+    forward, an update's last backward); `stands_in` the region that the received transfer stands
+    for (the embedding's output for a forward, the head's backward for a backward); `skip` the
+    piece nodes not run in this copy (gradient syncs before the last microbatch), which stand for
+    their own inputs."""
 
-    def open_unit(self, stage: int, label: str, received: tuple[int, ...] = ()) -> int | None:
-        """The node a unit starts with: it waits (`ctrl`) for the ends of the stage's previous unit
-        (its nodes no other node of it follows) and for what the unit receives, and the unit's
-        first nodes wait for it. A boundary so costs one edge per end and per first node, where
-        tying every end to every first node would cost their product. It does nothing (one FLOP,
-        one byte: a simulator's roofline gives it no time); None when the unit waits for nothing."""
-        previous = set(self.last.get(stage, ()))
-        ends = [n for n in sorted(previous) if not any(s in previous for s in self.out.succ[n])]
-        if not ends and not received:
-            return None
-        data = dict(
-            name=f"{label} start", op=UNIT_START, kind="compute", stage=stage,
-            flops=0, transcendentals=0, bytes=0,
-        )
-        return self.add(data, (), ends + list(received))
+    label: str
+    regions: tuple[str, ...]
+    receives: Transfer | None = None
+    sends: Transfer | None = None
+    reads: Work | None = None
+    stands_in: str | None = None
+    skip: frozenset[int] = frozenset()
+    work: Work | None = None
 
-    def close_unit(self, stage: int, start: int | None, nodes: list[int]) -> None:
-        """Make the unit's first nodes (those that follow none of its others) wait for its start
-        node: the unit starts as a whole, as the schedule has it."""
-        inside = set(nodes)
-        if start is not None:
-            for node in nodes:
-                if not any(p in inside for p in self.out.pred[node]):
-                    self.out.add_edge(start, node, ctrl=True)
-        self.last[stage] = nodes
 
-    def incoming(self, stage: int, work: Work) -> tuple[str, int, int] | None:
-        """The key of the permute bringing the unit its input: the activation from the virtual
-        stage before, or the gradient from the one after (None for the first forward and the last
-        backward, which receive nothing)."""
-        v = work.chunk * self.request.stages + stage
-        if work.kind == FORWARD:
-            return None if v == 0 else (FORWARD, work.microbatch, v - 1)
-        return None if v == self.last_virtual else (BACKWARD, work.microbatch, v + 1)
+@dataclass(frozen=True)
+class PipelinedStep:
+    """The piece (one microbatch of one chunk of layers on one stage's mesh), its regions, the
+    request, and the ranks of every stage: `ranks[stage, q]` runs what the piece's rank q runs."""
 
-    def ready(self, stage: int, work: Work) -> bool:
-        """Whether what the unit receives from another stage has been sent."""
-        key = self.incoming(stage, work)
-        return key is None or key in self.permutes
+    piece: WorkloadGraph
+    regions: Regions
+    request: PipelineRequest
+    ranks: np.ndarray
+
+    @property
+    def num_ranks(self) -> int:
+        return self.ranks.size
+
+    @property
+    def stages(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(int(r) for r in row) for row in self.ranks)
 
     @property
     def last_virtual(self) -> int:
         return self.request.stages * self.request.virtual_stages - 1
 
-    def send(
-        self, work: Work, stage: int, to: int, sources: frozenset[int], context: dict, nbytes: int
-    ) -> None:
-        """The permute carrying a unit's output from every rank of `stage` to its peer on `to`."""
-        deps = set()
-        for node in sources:
-            deps.update(context[self.regions.region_of[node]].get(node, ()))
-        what = "activation" if work.kind == FORWARD else "gradient"
-        data = dict(
-            name=f"{what} of {work.label}",
-            op="collective_permute",
-            kind="collective",
-            collective="collective_permute",
-            flops=0,
-            transcendentals=0,
-            bytes=2 * nbytes,
-            comm_bytes=nbytes,
-            pairs=tuple(zip(self.ranks[stage].tolist(), self.ranks[to].tolist())),
-        )
-        v = work.chunk * self.request.stages + stage
-        self.permutes[work.kind, work.microbatch, v] = self.add(data, deps)
+    def virtual(self, stage: int, work: Work) -> int:
+        return work.chunk * self.request.stages + stage
 
-    def unit(self, stage: int, work: Work) -> None:
+    def transfer(self, key: PermuteKey) -> Transfer:
+        """The transfer `key` sends: to the next virtual stage for a forward, else the one before."""
+        kind, microbatch, v = key
         S, M = self.request.stages, self.request.microbatches
-        m, v = work.microbatch, work.chunk * S + stage
-        label = work.label
-        key = self.incoming(stage, work)
-        received = () if key is None else (self.permutes[key],)
-        start = self.open_unit(stage, label, received)
-        first = self.out.number_of_nodes()
-        if work.kind == FORWARD:
-            context: dict = {}
-            if received:
-                context[PRE] = received  # the activation stands for the embedding's output
-            regions = ((PRE,) if v == 0 else ()) + (LOCAL, FWD) + ((MID,) if v == self.last_virtual else ())
-            self.copy(regions, stage, label, context)
-            end = self.out.number_of_nodes()
-            if v < self.last_virtual:
-                sources, nbytes = self.regions.sends_forward, self.regions.activation_bytes
-                self.send(work, stage, (stage + 1) % S, sources, context, nbytes)
-        else:
-            context = dict(self.units[stage, Work(FORWARD, m, work.chunk)])
-            if received:
-                context[MID] = received  # the gradient stands for the head's backward
-            skip = self.regions.gradient_sync if m < M - 1 else frozenset()
-            regions = (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ())
-            regions += (GRAD_LAST,) if v == self.last_virtual else ()
-            self.copy(regions, stage, label, context, skip)
-            end = self.out.number_of_nodes()
-            if v > 0:
-                sources, nbytes = self.regions.sends_backward, self.regions.gradient_bytes
-                self.send(work, stage, (stage - 1) % S, sources, context, nbytes)
-        self.units[stage, work] = context
-        self.close_unit(stage, start, list(range(first, end)))
+        forward = kind == FORWARD
+        target = (v + 1 if forward else v - 1) % S
+        nbytes = self.regions.activation_bytes if forward else self.regions.gradient_bytes
+        tag = ((0 if forward else M) + microbatch) * (self.last_virtual + 1) + v
+        name = f"{'activation' if forward else 'gradient'} of {Work(kind, microbatch, v // S).label}"
+        return Transfer(key, v % S, target, nbytes, tag, name)
 
-    def compose(self) -> nx.DiGraph:
-        S, M, V = self.request.stages, self.request.microbatches, self.request.virtual_stages
+    def incoming(self, stage: int, work: Work) -> PermuteKey | None:
+        """What a unit receives: the activation from the virtual stage before, or the gradient
+        from the one after (nothing for the first forward and the last backward)."""
+        v = self.virtual(stage, work)
+        if work.kind == FORWARD:
+            return None if v == 0 else (FORWARD, work.microbatch, v - 1)
+        return None if v == self.last_virtual else (BACKWARD, work.microbatch, v + 1)
+
+    def units(self, stage: int) -> Iterator[Unit]:
+        """The stage's units in the order it runs them: its schedule, then each chunk's update."""
+        M, V = self.request.microbatches, self.request.virtual_stages
+        last = self.last_virtual
+        for work in schedule(self.request, stage):
+            v = self.virtual(stage, work)
+            key = self.incoming(stage, work)
+            receives = None if key is None else self.transfer(key)
+            if work.kind == FORWARD:
+                regions = ((PRE,) if v == 0 else ()) + (LOCAL, FWD) + ((MID,) if v == last else ())
+                sends = self.transfer((FORWARD, work.microbatch, v)) if v < last else None
+                yield Unit(work.label, regions, receives, sends, None, PRE, work=work)
+            else:
+                regions = (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ()) + ((GRAD_LAST,) if v == last else ())
+                sends = self.transfer((BACKWARD, work.microbatch, v)) if v > 0 else None
+                skip = self.regions.gradient_sync if work.microbatch < M - 1 else frozenset()
+                yield Unit(work.label, regions, receives, sends, Work(FORWARD, work.microbatch, work.chunk),
+                           MID, skip, work)
+        for chunk in range(V):
+            v = chunk * self.request.stages + stage
+            regions = (POST,) + ((POST_FIRST,) if v == 0 else ()) + ((POST_LAST,) if v == last else ())
+            yield Unit(update_label(chunk), regions, reads=Work(BACKWARD, M - 1, chunk))
+
+    @cached_property
+    def regions_on(self) -> tuple[frozenset[str], ...]:
+        """Per stage, the regions any of its units copies."""
+        return tuple(frozenset(r for unit in self.units(stage) for r in unit.regions)
+                     for stage in range(self.request.stages))
+
+    def check_schedules(self) -> None:
+        """Every stage's units can run: each receives only what another stage has sent by then."""
+        S = self.request.stages
         orders = [schedule(self.request, stage) for stage in range(S)]
-        done = [0] * S
+        done, sent = [0] * S, set()
         while any(done[s] < len(orders[s]) for s in range(S)):
             before = sum(done)
             for s in range(S):
-                while done[s] < len(orders[s]) and self.ready(s, orders[s][done[s]]):
-                    self.unit(s, orders[s][done[s]])
+                while done[s] < len(orders[s]):
+                    work = orders[s][done[s]]
+                    key = self.incoming(s, work)
+                    if key is not None and key not in sent:
+                        break
+                    sent.add((work.kind, work.microbatch, self.virtual(s, work)))
                     done[s] += 1
             if sum(done) == before:
                 raise AssertionError(f"the {self.request.schedule} schedule waits on itself")
-        for stage in range(S):
-            for chunk in range(V):
-                label = update_label(chunk)
-                start = self.open_unit(stage, label)
-                first = self.out.number_of_nodes()
-                v = chunk * S + stage
-                regions = (POST,) + ((POST_FIRST,) if v == 0 else ())
-                regions += (POST_LAST,) if v == self.last_virtual else ()
-                context = dict(self.units[stage, Work(BACKWARD, M - 1, chunk)])
-                self.copy(regions, stage, label, context)
-                self.close_unit(stage, start, list(range(first, self.out.number_of_nodes())))
-        return self.out
 
 
-def pipeline_graph(
+def pipeline_step(
     piece: WorkloadGraph,
     program: Program,
     layout: Layout,
     request: PipelineRequest,
     mesh: MeshSpec,
     chunk_layers: int,
-) -> tuple[WorkloadGraph, Regions]:
-    """The pipelined graph of the whole mesh from the compiled piece of `chunk_layers` layers.
+) -> PipelinedStep:
+    """The pipelined step of the whole mesh from the compiled piece of `chunk_layers` layers.
     The entry function takes the inputs in the layout's order unless the compiler dropped unused
     ones; then which arguments are the batch is not known."""
-    axis = request.stage_axis(mesh)
     batch = None
     if len(program.body.arguments) == len(layout.inputs):
         batch = frozenset(i for i, item in enumerate(layout.inputs) if item.batch)
     regions = find_regions(piece, program, chunk_layers, batch)
-    ranks = stage_ranks(mesh, axis)
-    graph = _Composer(piece, regions, request, ranks).compose()
-    stages = tuple(tuple(int(r) for r in row) for row in ranks)
-    graph = WorkloadGraph(
-        graph, mesh.size, piece.unknown_ops, stages=stages, costliest_branches=piece.costliest_branches
-    )
-    return graph, regions
+    step = PipelinedStep(piece, regions, request, stage_ranks(mesh, request.stage_axis(mesh)))
+    step.check_schedules()
+    return step

@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from multiprocessing import get_context
 from pathlib import Path
 
 from flint.schema import et_def_pb2 as pb
@@ -214,23 +216,48 @@ def _fold_warnings(violations: list[Violation]) -> list[Violation]:
 
 
 def check_rank_files(
-    directory: str | os.PathLike[str], prefix: str, num_ranks: int, ranks: Iterable[int]
+    directory: str | os.PathLike[str], prefix: str, num_ranks: int, ranks: Iterable[int], workers: int = 1
 ) -> list[Violation]:
     """Every single-file rule for the files of ``ranks``, and the comm-groups file's rules.
 
     For a writer that makes many files from one template: checking some of them fully costs a
     fraction of reading every file back, and the cross-rank rules (collective and SEND/RECV
     matching) are left to the caller, who can derive them from what it wrote.
+
+    With `workers` above one, the files are checked in that many processes: a pipelined trace's
+    files hold millions of nodes, and checking them holds the GIL.
     """
     directory = Path(directory)
     groups_file = comm_groups_path(directory, prefix)
     groups, violations = _load_groups(groups_file, num_ranks)
     label = groups_file.name if groups_file.exists() else f"{groups_file.name} (absent)"
-    for rank in sorted(set(ranks)):
-        context = RankContext(rank, num_ranks, groups, label)
-        path = directory / f"{prefix}.{rank}.et"
-        violations += _check_file(path, context, _read(path)).violations
+    ranks = sorted(set(ranks))
+    setting = (directory, prefix, num_ranks, groups, label)
+    if workers > 1 and len(ranks) > 1:  # spawned: the caller may run JAX's threads, which forking breaks
+        with ProcessPoolExecutor(min(workers, len(ranks)), get_context("spawn"), _settle, (setting,)) as pool:
+            for found in pool.map(_check_rank, ranks):
+                violations += found
+        return violations
+    _settle(setting)
+    for rank in ranks:
+        violations += _check_rank(rank)
     return violations
+
+
+_setting: tuple = ()
+"""What `_check_rank` checks a rank against in this process (`_settle`)."""
+
+
+def _settle(setting: tuple) -> None:
+    global _setting
+    _setting = setting
+
+
+def _check_rank(rank: int) -> list[Violation]:
+    """Every single-file rule on one rank's file."""
+    directory, prefix, num_ranks, groups, label = _setting
+    path = directory / f"{prefix}.{rank}.et"
+    return _check_file(path, RankContext(rank, num_ranks, groups, label), _read(path)).violations
 
 
 def _rank_count(
