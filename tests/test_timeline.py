@@ -82,6 +82,20 @@ def test_schedule_matches_hand_derivation(tmp_path: Path) -> None:
     assert (rank1.step, rank1.compute, rank1.communication, rank1.exposed) == pytest.approx((19, 7, 12, 12))
 
 
+def test_an_estimate_keeps_times_without_names_or_attributes(tmp_path: Path) -> None:
+    """What `flint simulate` schedules (`detail=False`): the hand-derived times of every slice and
+    rank, with no node names or serialized nodes held for millions of slices."""
+    from flint.step.schedule import schedule_trace_set
+    from flint.trace.reader import locate_traces
+
+    lean = schedule_trace_set(locate_traces(two_ranks().write(tmp_path), None), timer_for, detail=False)
+    assert {(s.rank, s.node_id): (s.stream, s.start, s.duration) for s in lean.slices} == EXPECTED
+    assert {(s.name, s.message) for s in lean.slices} == {("", None)}
+    rank0, rank1 = lean.ranks
+    assert (rank0.step, rank0.compute, rank0.communication, rank0.exposed) == pytest.approx((18, 13, 12, 5))
+    assert (rank1.step, rank1.compute, rank1.communication, rank1.exposed) == pytest.approx((19, 7, 12, 12))
+
+
 def test_trace_event_json_busy_time_is_the_sum_of_node_times(tmp_path: Path) -> None:
     timeline = load_timeline(two_ranks().write(tmp_path), None, timer_for)
     data = json.loads(json.dumps(to_trace_events(timeline, {"device": "test"})))

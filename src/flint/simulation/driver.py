@@ -198,6 +198,7 @@ def estimate(files: TraceFiles, compute: Compute, model: CollectiveModel | NcclM
     ASTRA-sim times it (the trace's durations, or the roofline in roofline mode)."""
     timeline = schedule_trace_set(
         files, lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model), issue=AS_ASTRA_SIM,
+        detail=False,
     )
     ranks = [RankResult(r.rank, wall=r.step * 1e3, compute=r.compute * 1e3, communication=r.communication * 1e3,
                         overlap=(r.communication - r.exposed) * 1e3, finished=True) for r in timeline.every_rank()]

@@ -157,25 +157,27 @@ def load_timeline(
     return schedule_trace_set(locate_traces(directory, prefix, groups_file=groups_file), timer_for, by_class, issue)
 
 
-def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = None, issue: str = READY_FIRST
-                       ) -> Timeline:
+def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = None, issue: str = READY_FIRST,
+                       detail: bool = True) -> Timeline:
     """Check and schedule an opened trace set (`locate_traces`): one rank per class where
     `by_class` (default: above `FULL_SCHEDULE_MAX_RANKS` ranks, where the manifest records
     classes), else every rank; nodes issue in the `issue` order (`READY_FIRST` or `AS_ASTRA_SIM`,
     see the module docstring). Each file is read from disk once: the check leaves its bytes in
-    the set for the schedule.
+    the set for the schedule. Without `detail`, slices have no names or attributes: what an
+    estimate, which reads only each rank's times, needs of a pipelined step's millions of nodes.
 
     `timer_for(groups, num_ranks)` builds the `NodeTimer`, which needs the trace's groups. A trace
     with contract errors is refused: its collectives or SEND/RECVs might never match up.
     """
     if files.one_per_class:
-        return _schedule_per_class_set(files, timer_for(files.groups, files.num_ranks), issue)
+        return _schedule_per_class_set(files, timer_for(files.groups, files.num_ranks), issue, detail)
     if by_class is not False:
         if by_class or files.num_ranks > FULL_SCHEDULE_MAX_RANKS:
             classes = _rank_classes(files)
             if classes is not None:
                 try:
-                    return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue)
+                    return _schedule_by_class(files, classes, timer_for(files.groups, files.num_ranks), issue,
+                                              detail)
                 except FlintError:
                     pass  # representatives that never meet: every rank is scheduled, and checked
     violations = [v for v in check_traces(files.directory, opened=files) if v.is_error]
@@ -185,14 +187,15 @@ def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = Non
             f"{violations[0]}): run `flint check {files.directory}`"
         )
     traces = (files.trace(path) for path in files.paths)  # each let go once the schedule has taken it in
-    return schedule(traces, files.groups, timer_for(files.groups, len(files.paths)), issue)
+    return schedule(traces, files.groups, timer_for(files.groups, len(files.paths)), issue, detail)
 
 
 def schedule(
     traces: Iterable[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer, issue: str = READY_FIRST,
+    detail: bool = True,
 ) -> Timeline:
     """Schedule every rank of a contract-abiding trace set (see the module docstring)."""
-    simulation = _Simulation(traces, groups, timer, issue)
+    simulation = _Simulation(traces, groups, timer, issue, detail)
     simulation.run()
     return _timeline(simulation)
 
@@ -225,7 +228,7 @@ class _Node:
     duration: float
     group: int | None
     transfer: tuple | None
-    message: bytes
+    message: bytes | None
 
 
 class _Rank:
@@ -255,11 +258,12 @@ class _Simulation:
 
     def __init__(
         self, traces: Iterable[RankTrace], groups: Mapping[int, Sequence[int]], timer: NodeTimer,
-        issue: str = READY_FIRST,
+        issue: str = READY_FIRST, detail: bool = True,
     ):
         if issue not in (READY_FIRST, AS_ASTRA_SIM):
             raise ValueError(f"unknown issue order {issue!r}")
         self.as_astra_sim = issue == AS_ASTRA_SIM
+        self.detail = detail
         self.timer = timer
         self.ranks = {trace.rank: _Rank(trace, self) for trace in traces}
         self.members = {ALL_RANKS: len(self.ranks), **{g: len(r) for g, r in groups.items()}}
@@ -291,6 +295,8 @@ class _Simulation:
         """What the schedule keeps of a node of `rank`'s trace."""
         transfer = self.transfer_key(rank, node) if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE) else None
         group = group_id(node) if node.type == pb.COMM_COLL_NODE else None
+        if not self.detail:
+            return _Node(node.type, "", self.duration(rank, node), group, transfer, None)
         name = node.name or f"{enum_name(pb.NodeType, node.type)} {node.id}"
         return _Node(node.type, name, self.duration(rank, node), group, transfer, node.SerializeToString())
 
@@ -474,7 +480,7 @@ def _recorded_classes(files: TraceFiles) -> list[list[int]] | None:
     return classes if every == list(range(files.num_ranks)) else None
 
 
-def _schedule_per_class_set(files: TraceFiles, timer: NodeTimer, issue: str) -> Timeline:
+def _schedule_per_class_set(files: TraceFiles, timer: NodeTimer, issue: str, detail: bool) -> Timeline:
     """A set of one file per class (`flint extract --rank-files classes`): its representatives,
     each class's first rank, are all there is to schedule."""
     classes = _recorded_classes(files)
@@ -484,7 +490,7 @@ def _schedule_per_class_set(files: TraceFiles, timer: NodeTimer, issue: str) -> 
         what = "its manifest records no rank classes" if classes is None else f"rank {lacking}'s file is missing"
         raise FlintError(f"{files.directory} holds one file per rank class but {what}: extract it again")
     try:
-        return _schedule_by_class(files, classes, timer, issue)
+        return _schedule_by_class(files, classes, timer, issue, detail)
     except FlintError as exc:
         raise FlintError(f"{exc}: extract again with --rank-files all, whose every rank is scheduled") from None
 
@@ -529,14 +535,15 @@ def _paths_by_rank(files) -> _PathsInOrder:
     return _PathsInOrder(files.paths)
 
 
-def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue: str) -> Timeline:
+def _schedule_by_class(files, classes: list[list[int]], timer: NodeTimer, issue: str, detail: bool = True
+                       ) -> Timeline:
     by_rank = _paths_by_rank(files)
     traces = (files.trace(by_rank[ranks[0]]) for ranks in classes)  # each let go once taken in
     class_of = {}
     for index, ranks in enumerate(classes):
         for rank in ranks:
             class_of[rank] = index
-    simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of, issue)
+    simulation = _ClassSimulation(traces, files.groups, timer, classes, class_of, issue, detail)
     simulation.run()
     return _timeline(simulation, {ranks[0]: list(ranks) for ranks in classes})
 
@@ -545,7 +552,7 @@ class _ClassSimulation(_Simulation):
     """The representatives of the classes, each standing for its class (see the module docstring)."""
 
     def __init__(self, traces, groups, timer: NodeTimer, classes: list[list[int]], class_of: dict[int, int],
-                 issue: str):
+                 issue: str, detail: bool):
         self.class_of = class_of  # what taking in the traces' nodes needs (`transfer_key`, `duration`)
         self.num_classes = len(classes)
         self.pattern: dict[int, tuple] = {}      # group -> its offsets from its lowest rank
@@ -558,7 +565,7 @@ class _ClassSimulation(_Simulation):
         self.pattern[ALL_RANKS] = ("all",)
         self.classes_in: dict[int, int] = {}
         self.shapes: dict[tuple, list] = {}
-        super().__init__(traces, groups, timer, issue)
+        super().__init__(traces, groups, timer, issue, detail)
         self.class_keys = {rank_id: self._instances(rank) for rank_id, rank in self.ranks.items()}
 
     def _instances(self, rank: _Rank) -> dict[int, tuple]:
