@@ -15,16 +15,13 @@
    estimator, collectives as NCCL runs them; TFLOP/s per GPU by the paper's model FLOPs,
    96 B s l h^2 (1 + s / 6h + V / 16 l h), beside the published figure. Rows without pipelining
    run each rank's whole batch in one step (Megatron-LM's 18.4B row accumulates 4 microbatches of 8
-   instead). The 530B row runs 1F1B:
-   its one layer per virtual stage is a loop of one trip, which the GPU compiler inlines, and a
-   pipelined extraction splits the step at its layer loops.
+   instead).
 3. Llama 3 405B on 16,384 H100s (Llama 3 paper, table 4), `examples/llama.py` at 405B's shape with
    128 layers (126 do not divide over 16 stages; Llama 3 ran 7 on the first and last stage), on
    the `hgx` network (8 H100s per node, one 400 Gb/s NIC per GPU, as Meta's RoCE cluster): TP 8,
    PP 16, DP 128 at sequence 8,192, and TP 8, CP 16, PP 16, DP 8 at 131,072, 16 sequences per
    data-parallel rank in microbatches of one, interleaved over 4 virtual stages of 2 layers (the
-   paper does not give its schedule's virtual stages; 2 layers per chunk is the least a pipelined
-   extraction on the GPU compiler takes, see above). TFLOP/s per GPU by 6 N + 12 l h s FLOPs per
+   paper does not give its schedule's virtual stages). TFLOP/s per GPU by 6 N + 12 l h s FLOPs per
    token (N: the parameters). The example has no activation recomputation and attends with
    XLA's own kernels (no fused flash attention).
 
@@ -86,7 +83,7 @@ TABLE1 = [  # Narayanan et al. 2021, Table 1; microbatch sizes and virtual stage
     Row(60, 10240, 80, 8, 4, 1024, 1792, 2, 3, 140),
     Row(80, 12288, 96, 8, 8, 1536, 2304, 2, 2, 148),
     Row(96, 16384, 128, 8, 16, 1920, 2160, 1, 2, 155),
-    Row(105, 20480, 128, 8, 35, 2520, 2520, 1, 1, 163),  # sc21: 3 virtual stages of 1 layer (see above)
+    Row(105, 20480, 128, 8, 35, 2520, 2520, 1, 3, 163),
     Row(128, 25600, 160, 8, 64, 3072, 3072, 1, 1, 163),
 ]
 LLAMA = {  # Llama 3 405B: (mesh, sequence, sequences, published TFLOP/s per GPU)

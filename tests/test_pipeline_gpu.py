@@ -85,15 +85,23 @@ def test_the_partitioned_stage_stays_available(partitioned):
     assert manifest["pipeline"]["activation_bytes"] == ACTIVATION
 
 
-def test_one_layer_per_chunk_needs_the_partitioned_stage(tmp_path):
-    """gpt.py's 3 layers on 3 stages: the compiler inlines the one-trip layer loops of the kernels,
-    so there is nothing to split; the error says so in one line and writes nothing."""
-    out = tmp_path / "out"
-    run = flint("extract", EXAMPLES / "gpt.py", "--mesh", "pp=3,tp=2", "--strategy", "tp",
-                "--pipeline-stages", "3", "--microbatches", "4", "--backend", "gpu:h100", "-o", out)
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
-    assert "--stage partitioned, or 2 or more layers per chunk" in run.stderr
-    assert not out.exists()
+def test_one_layer_per_chunk_keeps_its_layer_loops(tmp_path):
+    """2 layers on 2 stages, one per chunk: the compiler would inline a loop of one trip, so the
+    piece's compile keeps them (`ONE_TRIP_LOOPS`), and each forward runs one layer's GEMMs (the
+    last stage's also the head's), each backward twice that, with the activation of the two-layer
+    chunks. The layer's stacked outputs, which the one-trip loop writes whole, are not taken for
+    what it carries."""
+    out = tmp_path / "gpt"
+    extract(EXAMPLES / "gpt.py", "pp=2,data=2,tensor=2", out, "--model-arg", "layers=2", *FLAGS[2:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["pipeline"]["layers_per_chunk"], manifest["pipeline"]["activation_bytes"]) == (1, ACTIVATION)
+    for rank in (0, 7):
+        last = rank >= 4
+        expected = {F_(m): LAYER_FORWARD + last * 2 * HEAD_FORWARD for m in range(M)}
+        expected |= {B_(m): 2 * LAYER_FORWARD + last * HEAD_FORWARD for m in range(M)}
+        assert gemm_flops_by_unit(out, rank, lambda n: attr_value(n, "kernel") == "gemm") == expected, rank
+    assert {t.size for ts in transfers(out).values() for t in ts} == {ACTIVATION}
+    assert check_traces(out) == []
 
 
 def rank_trace(directory: Path, rank: int):

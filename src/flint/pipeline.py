@@ -343,10 +343,12 @@ def _stages(
     workload, layout = apply_layout(load_workload(request.model, mesh, dict(request.model_args)), mesh, request.layout)
     if on_layout:
         on_layout(layout)
+    chunk_layers = None
     if request.pipeline:
         workload, chunk_layers = one_microbatch(workload, layout, request.pipeline, mesh)
     lap("load")
-    module = partition(workload, mesh, request.stage, donate=request.donate and not request.pipeline)
+    module = partition(workload, mesh, request.stage, donate=request.donate and not request.pipeline,
+                       one_trip_loops=request.pipeline is not None and chunk_layers == 1)
     seconds["lower"] = module.lower_seconds
     seconds["partition"] = module.compile_seconds
     clock = time.perf_counter()

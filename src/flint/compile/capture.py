@@ -41,6 +41,10 @@ WHOLE_LOOPS = {"xla_disable_hlo_passes": "small-while-loop-hoisting"}
 profiler cannot see. The graph unrolls a loop either way, so every compile of the step turns that
 off: the optimised module Flint traces is then, instruction for instruction, the one `flint
 validate` runs."""
+ONE_TRIP_LOOPS = "simplify-while-loops"
+"""XLA's while-loop simplifier inlines a loop of one trip. A pipelined piece of one layer per chunk
+(Megatron-LM's 530B row runs 3 virtual stages of one layer) is split at its layer loops, so its
+compile keeps them: the simplifier is left out of that compile alone."""
 _DUMP_FILE = {
     "partitioned": "*.after_*spmd-partitioning.*.hlo.pb",
     "optimized": "*after_optimizations.hlo.pb",
@@ -277,12 +281,13 @@ def _emptied(directory: Path) -> None:
 
 
 def partition(
-    workload: Workload, mesh, stage: str = "partitioned", donate: bool = True
+    workload: Workload, mesh, stage: str = "partitioned", donate: bool = True, one_trip_loops: bool = False
 ) -> PartitionedModule:
     """Lower `workload` for `mesh` and compile it far enough to read the partitioned module.
 
     With `donate`, the arguments `flint.compile.donation` picks are donated to the compile, as a
-    training step donates its parameters and optimizer state."""
+    training step donates its parameters and optimizer state. With `one_trip_loops`, loops of one
+    trip stay loops (`ONE_TRIP_LOOPS`)."""
     import jax
     from jax._src.lib import _jax
 
@@ -303,8 +308,9 @@ def partition(
         ) from exc
     lowered_at = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="flint-xla-") as tmp:
+        passes = WHOLE_LOOPS["xla_disable_hlo_passes"] + ("," + ONE_TRIP_LOOPS if one_trip_loops else "")
         options = {
-            **WHOLE_LOOPS,
+            "xla_disable_hlo_passes": passes,
             **_dump_options(mesh.size),
             "xla_dump_to": tmp,
             "xla_dump_hlo_as_proto": True,

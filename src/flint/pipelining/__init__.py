@@ -46,8 +46,10 @@ On the compiler's optimised module (a GPU backend's default stage) the piece is 
 scan's stacked outputs are updated in place inside fusions, some of them run asynchronously (seen
 through both, so they are not taken for the activation), the regions follow data edges alone (the compiler's schedule chains every
 kernel to the one before), and that schedule is kept inside each copy only: between units the
-pipeline's schedule orders them. The compiler inlines a loop of one trip, so there a chunk needs two
-or more layers.
+pipeline's schedule orders them. The compiler would inline a loop of one trip, so for one layer per
+chunk the piece's compile keeps its loops (`flint.compile.capture.ONE_TRIP_LOOPS`); a one-trip
+loop's stacked outputs are then written whole, not by slice, and are told from the activation by
+not reading their previous value.
 
 Gradient syncs: a one-microbatch compile reduces each weight gradient over the data group in every
 backward; a real step accumulates gradients over microbatches and syncs once. All-reduces and

@@ -99,10 +99,6 @@ class PipelinedStep:
         return self.ranks.size
 
     @property
-    def stages(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(int(r) for r in row) for row in self.ranks)
-
-    @property
     def last_virtual(self) -> int:
         return self.request.stages * self.request.virtual_stages - 1
 

@@ -44,7 +44,8 @@ def _carried(loop: Op) -> list[int]:
     """Results of a loop that carry a value from one iteration to the next: not a counter (scalar),
     not passed through unchanged, not a buffer the body writes one slice of (a scan's stacked
     outputs, which the optimised module updates in place inside a fusion, seen through bitcasts
-    and conversions)."""
+    and conversions), not a value the body computes without reading the one before (a one-trip
+    loop's stacked outputs, which the optimised module writes whole)."""
     _, body = loop.regions
     defined = _defined(body)
     carried = []
@@ -53,8 +54,28 @@ def _carried(loop: Op) -> list[int]:
             continue
         if _slice_written_into(result, defined, {}) == argument:
             continue
+        if result not in _follow(body, argument):
+            continue
         carried.append(k)
     return carried
+
+
+def _follow(region: Region, value: int) -> set[int]:
+    """The values of `region` computed from `value`, directly or not."""
+    found = {value}
+    for op in region.ops:
+        if not found.isdisjoint(_reads(op)):
+            found.update(op.results)
+    return found
+
+
+def _reads(op: Op) -> set[int]:
+    """The values an op reads: its operands and those of the ops inside it."""
+    values = set(op.operands)
+    for region in op.regions:
+        for inner in region.ops:
+            values |= _reads(inner)
+    return values
 
 
 def _defined(region: Region) -> dict[int, Op]:
@@ -117,12 +138,6 @@ def find_regions(
     loops = [op for op in program.body.ops if op.opcode == "while"]
     layer_loops = [i for i, run in enumerate(graph.loops) if run.trips == chunk_layers]
     if len(loops) != len(graph.loops) or len(layer_loops) < 2:
-        if chunk_layers == 1 and program.scheduled:  # XLA's loop simplifier inlines one-trip loops
-            raise FlintError(
-                "--pipeline-stages splits the step at its layer loops, and the compiler's optimised "
-                "module has none for one layer per chunk (it inlines a loop of one trip): use "
-                "--stage partitioned, or 2 or more layers per chunk"
-            )
         raise FlintError(
             f"--pipeline-stages splits the step at its layer loops, but the compiled step has no "
             f"forward and backward top-level loop of {chunk_layers} layers (its loops: "

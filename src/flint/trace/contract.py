@@ -235,29 +235,32 @@ def check_rank_files(
     setting = (directory, prefix, num_ranks, groups, label)
     if workers > 1 and len(ranks) > 1:  # spawned: the caller may run JAX's threads, which forking breaks
         with ProcessPoolExecutor(min(workers, len(ranks)), get_context("spawn"), _settle, (setting,)) as pool:
-            for found in pool.map(_check_rank, ranks):
+            for found in pool.map(_check_settled, ranks):
                 violations += found
         return violations
-    _settle(setting)
     for rank in ranks:
-        violations += _check_rank(rank)
+        violations += _check_rank(setting, rank)
     return violations
 
 
-_setting: tuple = ()
-"""What `_check_rank` checks a rank against in this process (`_settle`)."""
+def _check_rank(setting: tuple, rank: int) -> list[Violation]:
+    """Every single-file rule on one rank's file; `setting`: where, how many ranks, which groups."""
+    directory, prefix, num_ranks, groups, label = setting
+    path = directory / f"{prefix}.{rank}.et"
+    return _check_file(path, RankContext(rank, num_ranks, groups, label), _read(path)).violations
+
+
+_settled: tuple = ()
+"""A worker process's `setting`, given once when it starts (`_settle`) rather than with each rank."""
 
 
 def _settle(setting: tuple) -> None:
-    global _setting
-    _setting = setting
+    global _settled
+    _settled = setting
 
 
-def _check_rank(rank: int) -> list[Violation]:
-    """Every single-file rule on one rank's file."""
-    directory, prefix, num_ranks, groups, label = _setting
-    path = directory / f"{prefix}.{rank}.et"
-    return _check_file(path, RankContext(rank, num_ranks, groups, label), _read(path)).violations
+def _check_settled(rank: int) -> list[Violation]:
+    return _check_rank(_settled, rank)
 
 
 def _rank_count(
