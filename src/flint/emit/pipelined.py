@@ -33,7 +33,7 @@ class PipelinedPlan:
     def __init__(self, step: PipelinedStep):
         self.step = step
         self.num_ranks = step.num_ranks
-        self._piece_classes = piece = rank_classes(step.piece)
+        self.piece_classes = piece = rank_classes(step.piece)
         count = len(piece.roles)
         keys = np.empty(self.num_ranks, dtype=np.int64)  # stage * count + the piece's class
         for stage, row in enumerate(step.ranks):
@@ -68,7 +68,7 @@ class PipelinedPlan:
                     yield (stage, node), self.on_stage(groups, stage)
 
     @cached_property
-    def _peers(self) -> dict[tuple[int, int], dict[int, int]]:
+    def peers(self) -> dict[tuple[int, int], dict[int, int]]:
         """(source stage, target stage) -> each rank's peer there, and back."""
         ranks = self.step.ranks.tolist()
         return {(a, b): dict(zip(ranks[a], ranks[b])) for a in range(len(ranks)) for b in range(len(ranks))
@@ -83,7 +83,7 @@ class PipelinedPlan:
                 t = unit.sends
                 if t is not None and (t.source, t.target) not in seen:
                     seen.add((t.source, t.target))
-                    yield t.tag, tuple(self._peers[t.source, t.target].items())
+                    yield t.tag, tuple(self.peers[t.source, t.target].items())
             for node in self.classes.permutes:
                 pairs = self.step.piece.graph.nodes[node]["pairs"]
                 yield node, tuple(zip(*self.on_stage(tuple(zip(*pairs)), stage)))
@@ -102,7 +102,7 @@ class _StageFile:
         self.step = plan.step
         self.piece = plan.step.piece.graph
         self.region_of = plan.step.regions.region_of
-        role = plan._piece_classes.roles[piece_class]
+        role = plan.piece_classes.roles[piece_class]
         self.sends, self.receives = role.sends, role.receives
         self.column = {node: i for i, node in enumerate(plan.classes.permutes)}
         self.next_id = 0
@@ -129,7 +129,7 @@ class _StageFile:
                 "flops": 0, "transcendentals": 0, "bytes": 2 * transfer.nbytes, "comm_bytes": transfer.nbytes,
             }
         pair = (transfer.source, transfer.target) if kind == SEND else (transfer.target, transfer.source)
-        return Planned(kind, self.take_id(), deps, (), data, transfer.name, peer_of=self.plan._peers[pair],
+        return Planned(kind, self.take_id(), deps, (), data, transfer.name, peer_of=self.plan.peers[pair],
                        tag=transfer.tag)
 
     def planned(self) -> Iterator[Planned]:

@@ -57,7 +57,9 @@ class Transfer:
 
     key: PermuteKey
     source: int
+    """The sending stage."""
     target: int
+    """The receiving stage."""
     nbytes: int
     tag: int
     """The same on both ends and unique in the step: what pairs the SEND with its RECV."""
