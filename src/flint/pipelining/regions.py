@@ -48,24 +48,26 @@ def _carried(loop: Op) -> list[int]:
     loop's stacked outputs, which the optimised module writes whole)."""
     _, body = loop.regions
     defined = _defined(body)
+    reads = [(_reads(op), op.results) for op in body.ops]
     carried = []
     for k, (argument, result) in enumerate(zip(body.arguments, body.results)):
         if result == argument or not loop.operand_types[k].shape:
             continue
         if _slice_written_into(result, defined, {}) == argument:
             continue
-        if result not in _follow(body, argument):
+        if result not in _follow(reads, argument):
             continue
         carried.append(k)
     return carried
 
 
-def _follow(region: Region, value: int) -> set[int]:
-    """The values of `region` computed from `value`, directly or not."""
+def _follow(reads: list[tuple[set[int], tuple[int, ...]]], value: int) -> set[int]:
+    """The values computed from `value`, directly or not, by ops given in program order as what
+    each reads and what it defines."""
     found = {value}
-    for op in region.ops:
-        if not found.isdisjoint(_reads(op)):
-            found.update(op.results)
+    for read, results in reads:
+        if not found.isdisjoint(read):
+            found.update(results)
     return found
 
 
