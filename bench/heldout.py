@@ -31,6 +31,7 @@ from measure_gpu import suite
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE, GEMM_TOLERANCE, MEMORY_TOLERANCE = 0.10, 0.15, 0.10
+NAME_WIDTH = 26
 
 
 def measurements(directory: Path, device: str) -> list[dict]:
@@ -73,7 +74,7 @@ def ratio(pair: tuple[float, float]) -> float:
 
 def print_row(row: dict) -> None:
     cells = "".join(f"{p:>10,.1f}{m:>9,.1f}{p / m:>6.2f}" for p, m in (row[k] for k in ("gemm", "other", "step", "peak")))
-    print(f"{row['device']:<6}{row['name']:<22}{'fit' if row['fit'] else 'held':<6}{cells}", flush=True)
+    print(f"{row['device']:<6}{row['name']:<{NAME_WIDTH}}{'fit' if row['fit'] else 'held':<6}{cells}", flush=True)
 
 
 def main() -> None:
@@ -88,7 +89,7 @@ def main() -> None:
     steps = {s["name"]: s for s in suite(ROOT / "bench" / "gpu_steps.toml", "")}
     wanted = set(options.only.split(",")) if options.only else set(steps)
     header = "".join(f"{label:>25}" for label in ("GEMM ms: Flint  real", "other ms", "step ms", "peak GB"))
-    print(f"{'':<34}{header}")
+    print(f"{'':<{NAME_WIDTH + 12}}{header}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="flint-heldout-") as tmp:
         for device in options.devices.split(","):

@@ -8,7 +8,8 @@ SwiGLU MLP of `ffn`, no biases, untied head (Llama 3).
 
 `mode="train"`: one training step on `batch` sequences of `seq` tokens: f32 cross-entropy, backward,
 Adam with bias correction (bf16 parameters, f32 moments); every block under `jax.checkpoint` and the
-layers under one `lax.scan` over stacked parameters. It returns the new parameters, moments and step
+layers under one `lax.scan` over stacked parameters (`scan=False`: a Python loop over one parameter
+dict per layer, as PyTorch holds them, so that no kernel slices a layer out of a stacked buffer). It returns the new parameters, moments and step
 count, which replace (and so donate) the ones it was given.
 
 `mode="decode"`: one new token for each of `batch` sequences against a KV cache of `seq` positions,
@@ -51,12 +52,16 @@ def layer_shapes(arch, hidden, heads, kv_heads, ffn, head_dim):
     raise ValueError(f"arch must be 'gpt' or 'llama', not {arch!r}")
 
 
-def param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab):
+def param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab, scan=True):
+    """Each layer's parameters stacked along a leading axis of `layers` (for `lax.scan`), or with
+    `scan=False` a list of one dict per layer, as PyTorch and Megatron-LM hold them."""
     top = {"embed": (vocab, hidden), "head": (hidden, vocab)}
     top.update({"pos": (seq, hidden), "lnf_s": (hidden,), "lnf_b": (hidden,)} if arch == "gpt"
                else {"nf": (hidden,)})
-    stacked = {k: (layers, *s) for k, s in layer_shapes(arch, hidden, heads, kv_heads, ffn, head_dim).items()}
-    return {**top, "layers": stacked}
+    shapes = layer_shapes(arch, hidden, heads, kv_heads, ffn, head_dim)
+    if not scan:
+        return {**top, "layers": [dict(shapes) for _ in range(layers)]}
+    return {**top, "layers": {k: (layers, *s) for k, s in shapes.items()}}
 
 
 def layernorm(x, scale, bias):
@@ -135,7 +140,12 @@ def train_step(arch):
         def block(x, p):
             return finish_block(arch, x, attend(*qkv(arch, x, p, positions), causal), p), None
 
-        x, _ = jax.lax.scan(jax.checkpoint(block), embed(arch, params, tokens, positions), params["layers"])
+        x = embed(arch, params, tokens, positions)
+        if isinstance(params["layers"], list):
+            for layer in params["layers"]:
+                x, _ = jax.checkpoint(block)(x, layer)
+        else:
+            x, _ = jax.lax.scan(jax.checkpoint(block), x, params["layers"])
         logits = logits_of(arch, params, x)
         target = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
         return jnp.mean(jax.nn.logsumexp(logits, -1) - target)
@@ -179,7 +189,7 @@ def decode_step(arch):
 
 
 def workload(mesh, arch="gpt", mode="train", layers=24, hidden=2048, heads=16, kv_heads=0, ffn=0,
-             seq=2048, vocab=51200, batch=8, head_dim=0):
+             seq=2048, vocab=51200, batch=8, head_dim=0, scan=True):
     """The step and its abstract inputs. `kv_heads` 0 means as many as `heads`; `ffn` 0 means
     4 x hidden for GPT and 3.5 x hidden (rounded to 256) for Llama; `head_dim` 0 means hidden /
     heads (another value gives one tensor-parallel rank's share of a larger model: its heads, its
@@ -189,7 +199,9 @@ def workload(mesh, arch="gpt", mode="train", layers=24, hidden=2048, heads=16, k
     ffn = ffn or (4 * hidden if arch == "gpt" else -(-7 * hidden // 2 // 256) * 256)
     batch_axes = tuple(mesh.axis_names)
     sharded = lambda shape, dtype, spec: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
-    shapes = param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab)
+    if not scan and mode != "train":
+        raise ValueError("scan=False is for mode='train': a decode step scans its layers with their cache")
+    shapes = param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab, scan)
     state = lambda dtype: jax.tree.map(lambda s: sharded(s, dtype, P()), shapes,
                                        is_leaf=lambda s: isinstance(s, tuple))
     if mode == "train":
