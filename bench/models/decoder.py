@@ -199,6 +199,8 @@ def workload(mesh, arch="gpt", mode="train", layers=24, hidden=2048, heads=16, k
     ffn = ffn or (4 * hidden if arch == "gpt" else -(-7 * hidden // 2 // 256) * 256)
     batch_axes = tuple(mesh.axis_names)
     sharded = lambda shape, dtype, spec: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+    if not isinstance(scan, bool):
+        raise ValueError(f"scan must be True or False (--model-arg scan=False), not {scan!r}")
     if not scan and mode != "train":
         raise ValueError("scan=False is for mode='train': a decode step scans its layers with their cache")
     shapes = param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab, scan)
