@@ -323,12 +323,14 @@ def test_bubbles_are_the_textbook_ones(traces):
 # ------------------------------------------------------------------------------ data parallelism and interleaving
 
 
-def test_gradient_syncs_run_once_per_step_in_the_last_backward(traces):
+def test_gradient_syncs_run_once_per_step_before_the_update(traces):
     """pp=4,dp=2,tp=2 (rank 4s + 2d + t). Each layer's 10 weight gradients are reduced over the
-    data group {4s + t, 4s + 2 + t} in the chunk's last backward only: 4 layers x 10 in B7; the
-    first stage adds the embedding's gradient, the last the head's and the final layernorm's two
-    (and the loss, reduced in every backward). The tensor group {4s + 2d, 4s + 2d + 1} reduces 4
-    input gradients per layer in every backward (see examples/gpt.py): 16 each."""
+    data group {4s + t, 4s + 2 + t} once per step, by the update after the pipeline has flushed:
+    4 layers x 10 in U.0; the first stage adds the embedding's gradient, the last the head's and
+    the final layernorm's two. The loss is reduced in every backward of the last stage. The update's
+    own nodes wait for every sync: each of its first nodes has them all as control dependencies.
+    The tensor group {4s + 2d, 4s + 2d + 1} reduces 4 input gradients per layer in every backward
+    (see examples/gpt.py): 16 each."""
     directory = traces("1f1b", "pp=4,dp=2,tp=2", "dp+tp")
     groups = read_comm_groups(next(directory.glob("*.comm_groups.json")))
     for rank in (0, 5, 14):
@@ -336,15 +338,23 @@ def test_gradient_syncs_run_once_per_step_in_the_last_backward(traces):
         data_group = (4 * stage + t, 4 * stage + 2 + t)
         tensor_group = (4 * stage + 2 * d, 4 * stage + 2 * d + 1)
         data, tensor = Counter(), Counter()
+        syncs, update = set(), []
         for node in read_rank(directory, rank).nodes:
             match = UNIT.match(node.name)
+            is_data = (attr_value(node, "comm_type") == pb.ALL_REDUCE
+                       and tuple(groups[int(attr_value(node, "pg_name"))]) == data_group)
+            if node.name.startswith("U.0 ") and node.name != "U.0 start":
+                (syncs.add(node.id) if is_data else update.append(node))
             if match and match[1] == "B" and attr_value(node, "comm_type") == pb.ALL_REDUCE:
                 group = groups[int(attr_value(node, "pg_name"))]
                 assert group in (data_group, tensor_group)
                 (data if group == data_group else tensor)[int(match[2])] += 1
-        once = 4 * 10 + {0: 1, S - 1: 3}.get(stage, 0)
+        assert len(syncs) == 4 * 10 + {0: 1, S - 1: 3}.get(stage, 0), rank
         every = 1 if stage == S - 1 else 0
-        assert data == Counter({m: every for m in range(M)}) + Counter({M - 1: once}), rank
+        assert data == Counter({m: every for m in range(M)}), rank
+        first_nodes = [n for n in update if not {*n.data_deps, *n.ctrl_deps} & {u.id for u in update}]
+        assert first_nodes and all(syncs <= set(n.ctrl_deps) for n in first_nodes), rank
+        assert max(syncs) < min(n.id for n in update), rank
         assert len(set(tensor.values())) == 1 and len(tensor) == M, rank
         if stage < S - 1:
             assert tensor[0] == 4 * 4, rank

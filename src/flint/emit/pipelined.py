@@ -4,7 +4,8 @@ Each stage's file is its units in order: a unit's RECV (what it receives), its s
 of the piece's nodes of its regions, and its SEND. Node ids count up through each file; a transfer's
 SEND and RECV share a tag computed from what it carries (`Transfer.tag`), so no file needs another's
 ids. Only the copies of units that later ones read (a forward until its backward, each chunk's last
-backward for its update) are held, as maps from piece node to the ids standing for it.
+backward for its update) are held, as maps from piece node to the ids standing for it. An update
+copies its chunk's gradient syncs first, reading that last backward, and its own nodes wait for them.
 
 Within a stage, ranks differ only where the piece's own permutes pair them unevenly, so a class is
 a stage and a class of the piece's ranks.
@@ -150,10 +151,35 @@ class _StageFile:
             yield planned_compute(start, (), tuple(sorted(waits)), UNIT_START_DATA, f"{unit.label} start")
         first = self.next_id
         followed: set[int] = set()
+        for region in {self.region_of[node] for node in unit.syncs}:
+            context[region] = dict(context[region])  # the backward's own copies stay as they were
         for region in unit.regions:
             context[region] = {}
+        entry = () if start is None else (start,)
+        if unit.syncs:
+            yield from self.copies(index, unit, unit.syncs, context, first, entry, followed)
+            entry = tuple(i for n in unit.syncs for i in context[self.region_of[n]][n])  # then the update
+        yield from self.copies(index, unit, self.nodes_of(unit.regions), context, first, entry, followed)
+        self.ends = [n for n in range(first, self.next_id) if n not in followed]
+        if unit.sends is not None:
+            regions = self.step.regions
+            sources = set()
+            for node in regions.sends_backward if unit.sends.key[0] == BACKWARD else regions.sends_forward:
+                sources.update(context[self.region_of[node]].get(node, ()))
+            yield self.transfer_node(SEND, unit.sends, tuple(sorted(sources)))
+        if unit.work is not None:
+            if unit.reads is not None and unit.reads in self.contexts:
+                del self.contexts[unit.reads]  # a forward's copies are read by its backward only
+            if unit.work.kind != BACKWARD or unit.work.microbatch == self.step.request.microbatches - 1:
+                self.contexts[unit.work] = context
+
+    def copies(self, index: int, unit: Unit, nodes: Sequence[int], context: dict, first: int,
+               entry: tuple[int, ...], followed: set[int]) -> Iterator[Planned]:
+        """Plan copies of `nodes` for `unit`, whose ids begin at `first`: each reads the copies
+        `context` holds, and one that reads none of the unit's waits for `entry`. Records each
+        copy in `context` and what the unit's later nodes follow in `followed`."""
         label = unit.label + " "
-        for node in self.nodes_of(unit.regions):
+        for node in nodes:
             copied = context[self.region_of[node]]
             data_deps: set[int] = set()
             ctrl_deps: set[int] = set()
@@ -170,22 +196,11 @@ class _StageFile:
             inside = {n for n in data_deps | ctrl_deps if n >= first}
             followed |= inside
             ctrl_deps -= data_deps
-            if start is not None and not inside:
-                ctrl_deps.add(start)  # a first node of the unit: it starts as a whole
+            if not inside:
+                ctrl_deps.update(entry)  # a first node of the unit: it starts as a whole
+                followed.update(n for n in entry if n >= first)
             deps, ctrl = tuple(sorted(data_deps)), tuple(sorted(ctrl_deps))
             copied[node] = yield from self.copy(index, node, deps, ctrl, label)
-        self.ends = [n for n in range(first, self.next_id) if n not in followed]
-        if unit.sends is not None:
-            regions = self.step.regions
-            sources = set()
-            for node in regions.sends_backward if unit.sends.key[0] == BACKWARD else regions.sends_forward:
-                sources.update(context[self.region_of[node]].get(node, ()))
-            yield self.transfer_node(SEND, unit.sends, tuple(sorted(sources)))
-        if unit.work is not None:
-            if unit.reads is not None and unit.reads in self.contexts:
-                del self.contexts[unit.reads]  # a forward's copies are read by its backward only
-            if unit.work.kind != BACKWARD or unit.work.microbatch == self.step.request.microbatches - 1:
-                self.contexts[unit.work] = context
 
     def copy(self, index: int, node: int, deps: tuple, ctrl: tuple, label: str):
         """Plan one copy of a piece node; the ids that stand for it in this file."""

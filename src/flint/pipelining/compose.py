@@ -73,8 +73,9 @@ class Unit:
     `reads` is the unit whose copies this one's data dependencies resolve through (a backward's
     forward, an update's last backward); `stands_in` the region that the received transfer stands
     for (the embedding's output for a forward, the head's backward for a backward); `skip` the
-    piece nodes not run in this copy (gradient syncs before the last microbatch), which stand for
-    their own inputs."""
+    piece nodes not run in this copy (a backward's gradient syncs), which stand for their own
+    inputs; `syncs` the gradient syncs an update runs before its regions (see
+    `PipelinedStep.units`)."""
 
     label: str
     regions: tuple[str, ...]
@@ -84,6 +85,7 @@ class Unit:
     stands_in: str | None = None
     skip: frozenset[int] = frozenset()
     work: Work | None = None
+    syncs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,10 +128,20 @@ class PipelinedStep:
             return None if v == 0 else (FORWARD, work.microbatch, v - 1)
         return None if v == self.last_virtual else (BACKWARD, work.microbatch, v + 1)
 
+    def backward_regions(self, v: int) -> tuple[str, ...]:
+        return (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ()) + ((GRAD_LAST,) if v == self.last_virtual else ())
+
     def units(self, stage: int) -> Iterator[Unit]:
-        """The stage's units in the order it runs them: its schedule, then each chunk's update."""
+        """The stage's units in the order it runs them: its schedule, then each chunk's update.
+
+        A chunk's gradients are synced once per step, by its update, before the optimizer reads
+        them: after the pipeline has flushed, as Megatron-LM's train step all-reduces them. Left
+        in the chunk's last backward, the syncs would hold each stage's communication (and the
+        compiler's kernel order) while the input gradient the stage before waits for is still
+        being computed, so the pipeline's drain would pay every stage's syncs in turn."""
         M, V = self.request.microbatches, self.request.virtual_stages
         last = self.last_virtual
+        syncs = self.regions.gradient_sync
         for work in schedule(self.request, stage):
             v = self.virtual(stage, work)
             key = self.incoming(stage, work)
@@ -139,15 +151,15 @@ class PipelinedStep:
                 sends = self.transfer((FORWARD, work.microbatch, v)) if v < last else None
                 yield Unit(work.label, regions, receives, sends, None, PRE, work=work)
             else:
-                regions = (BWD, GRAD) + ((GRAD_FIRST,) if v == 0 else ()) + ((GRAD_LAST,) if v == last else ())
                 sends = self.transfer((BACKWARD, work.microbatch, v)) if v > 0 else None
-                skip = self.regions.gradient_sync if work.microbatch < M - 1 else frozenset()
-                yield Unit(work.label, regions, receives, sends, Work(FORWARD, work.microbatch, work.chunk),
-                           MID, skip, work)
+                yield Unit(work.label, self.backward_regions(v), receives, sends,
+                           Work(FORWARD, work.microbatch, work.chunk), MID, syncs, work)
         for chunk in range(V):
             v = chunk * self.request.stages + stage
             regions = (POST,) + ((POST_FIRST,) if v == 0 else ()) + ((POST_LAST,) if v == last else ())
-            yield Unit(update_label(chunk), regions, reads=Work(BACKWARD, M - 1, chunk))
+            synced = self.backward_regions(v)
+            yield Unit(update_label(chunk), regions, reads=Work(BACKWARD, M - 1, chunk),
+                       syncs=tuple(sorted(n for n in syncs if self.regions.region_of[n] in synced)))
 
     @cached_property
     def regions_on(self) -> tuple[frozenset[str], ...]:
