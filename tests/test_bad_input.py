@@ -137,3 +137,26 @@ def test_usage_errors_are_one_line(args, words):
     assert run.returncode == 2
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert all(word in run.stderr for word in words), run.stderr
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("layers=16", ("layers", 16)),
+    ("rate=0.5", ("rate", 0.5)),
+    ("scan=False", ("scan", False)),
+    ("scan=false", ("scan", False)),  # as a shell user writes it: not the string "false", which is true
+    (" scan = TRUE ", ("scan", True)),
+    ("activation=gelu", ("activation", "gelu")),
+    ("name='true'", ("name", "true")),  # a quoted literal stays a string
+])
+def test_model_arguments_read_as_literals_booleans_or_strings(text, parsed):
+    from flint.frontend import parse_model_arg
+
+    assert parse_model_arg(text) == parsed
+
+
+def test_a_model_argument_without_a_name_is_one_line():
+    from flint.errors import FlintError
+    from flint.frontend import parse_model_arg
+
+    with pytest.raises(FlintError, match=r"--model-arg '16' is not NAME=VALUE: give e.g. --model-arg layers=16"):
+        parse_model_arg("16")

@@ -158,15 +158,19 @@ def _step_and_args(result: Any, path: Path) -> tuple[Any, Any]:
 
 
 def parse_model_arg(text: str) -> tuple[str, Any]:
-    """`NAME=VALUE` from the command line: VALUE as a Python literal (16, 0.5, True, 'gelu'), else
-    as the string it is."""
+    """`NAME=VALUE` from the command line: VALUE as a Python literal (16, 0.5, True, 'gelu'),
+    `true` or `false` in any case as a bool, else as the string it is. A shell user's `false`
+    read as the string "false" would be true in every `if`."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip().isidentifier():
         raise FlintError(f"--model-arg {text!r} is not NAME=VALUE: give e.g. --model-arg layers=16")
+    name, value = name.strip(), value.strip()
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
     try:
-        return name.strip(), ast.literal_eval(value.strip())
+        return name, ast.literal_eval(value)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return name.strip(), value.strip()
+        return name, value
 
 
 def _check_model_args(entry, model_args: Mapping[str, Any], path: Path) -> None:
