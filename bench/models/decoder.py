@@ -9,8 +9,9 @@ SwiGLU MLP of `ffn`, no biases, untied head (Llama 3).
 `mode="train"`: one training step on `batch` sequences of `seq` tokens: f32 cross-entropy, backward,
 Adam with bias correction (bf16 parameters, f32 moments); every block under `jax.checkpoint` and the
 layers under one `lax.scan` over stacked parameters (`scan=False`: a Python loop over one parameter
-dict per layer, as PyTorch holds them, so that no kernel slices a layer out of a stacked buffer). It returns the new parameters, moments and step
-count, which replace (and so donate) the ones it was given.
+dict per layer, as PyTorch holds them, so that no kernel slices a layer out of a stacked buffer).
+It returns the new parameters, moments and step count, which replace (and so donate) the ones it
+was given.
 
 `mode="decode"`: one new token for each of `batch` sequences against a KV cache of `seq` positions,
 at position `pos` (an input): the layers run under `lax.scan` over the stacked weights and the
@@ -200,7 +201,7 @@ def workload(mesh, arch="gpt", mode="train", layers=24, hidden=2048, heads=16, k
     batch_axes = tuple(mesh.axis_names)
     sharded = lambda shape, dtype, spec: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
     if not isinstance(scan, bool):
-        raise ValueError(f"scan must be True or False (--model-arg scan=False), not {scan!r}")
+        raise ValueError(f"scan must be True or False (--model-arg scan=false), not {scan!r}")
     if not scan and mode != "train":
         raise ValueError("scan=False is for mode='train': a decode step scans its layers with their cache")
     shapes = param_shapes(arch, layers, hidden, heads, kv_heads, ffn, head_dim, seq, vocab, scan)
