@@ -72,3 +72,25 @@ def test_a_malformed_file_is_one_line(tmp_path):
     no_ranks.write_text("8 2 float none -1 13.67 0.00 0.00 0 13.03 0.00 0.00 0\n")
     run = flint("calibrate", "--network", "hgx", no_ranks, "-o", tmp_path / "f.toml")
     assert run.returncode == 2 and "give --ranks" in run.stderr and not (tmp_path / "f.toml").exists()
+
+
+def test_a_latency_of_hundreds_of_microseconds_is_recovered(tmp_path):
+    # 350 µs before 400 GB/s, the order of what 72 GPUs' NVLS measures in a published rack; from
+    # 2 GiB, where NVLS is still the fastest choice after so long a latency.
+    times = {size: 350 + size / (400 * 8 / 14 * 1e3) for size in SIZES if size >= 2**31}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"]["node.nvls_latency_us"] == pytest.approx(350, abs=0.5)
+    assert fit["at_limit"] == []
+
+
+def test_a_latency_beyond_the_range_tried_is_said(tmp_path):
+    # 2,500 µs: NVLS is still NCCL's choice at 8 and 16 GiB.
+    times = {size: 2500 + size / (400 * 8 / 14 * 1e3) for size in SIZES if size >= 2**33}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    fit = json.loads(flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json").stdout)
+    assert fit["fitted"]["node.nvls_latency_us"] == 2000 and fit["at_limit"] == ["node.nvls_latency_us"]
+    text = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
+    assert text.returncode == 0 and "node.nvls_latency_us ended at the end of the range tried (2000)" in text.stdout

@@ -4,8 +4,10 @@ Each run's largest size says which of the network's numbers it measures, by what
 there (`flint.step.nccl`): on one node, NVLS's bus bandwidth for that many GPUs, or else the
 node's ring bus bandwidth; across nodes, the NICs' bandwidth. That number is set so that the
 largest size takes its measured time (runs that measure one number share it: their mean). Where
-it is NVLS's, NVLS's latency is fitted too: the one (0 to 200 µs, by 0.5) that minimises the sum
-of squared log ratios of modelled to measured time over the runs' sizes, then the bandwidth again.
+it is NVLS's, NVLS's latency is fitted too: the one (0 to 2,000 µs, to 0.5 µs) that minimises the
+sum of squared log ratios of modelled to measured time over the runs' sizes, then the bandwidth
+again, in turns until the latency holds. A latency at the end of that range is reported: there the times do not follow a latency
+plus bytes over a bandwidth, and the file fits them only as far as its numbers can.
 NCCL's own constants (latencies per algorithm and protocol, protocol efficiencies) stay as
 tuning.cc has them.
 """
@@ -24,8 +26,10 @@ from flint.step.nccl import Choice, NcclModel, Placement
 from flint.step.network import Dimension, Network
 from flint.step.network_files import NetworkFile
 
-LATENCIES = [step / 2 for step in range(401)]
-"""The NVLS latencies (µs) the fit tries."""
+LATENCY_LIMIT_US = 2000.0
+"""The NVLS latencies the fit tries run from 0 to this (µs)."""
+ROUNDS = 20
+"""At most this many turns of fitting NVLS's latency and then its bandwidth."""
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,14 @@ class NetworkFit:
     network: NetworkFile
     runs: tuple[RunFit, ...]
     fitted: dict[str, float]
+    at_limit: tuple[str, ...] = ()
+    """Fitted numbers that ended at the end of the range the fit tries."""
 
     def as_json(self) -> dict:
         return {
             "network": self.network.name,
             "fitted": self.fitted,
+            "at_limit": list(self.at_limit),
             "runs": [{
                 "file": str(fit.run.path), "collective": fit.run.collective, "ranks": fit.placement.ranks,
                 "nodes": fit.placement.nodes,
@@ -93,20 +100,37 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     by_parameter: dict[str, list[tuple[NcclTestsRun, Placement]]] = defaultdict(list)
     for run, placement in placed:
         by_parameter[_parameter(base, run, placement)].append((run, placement))
-    network, fitted = base, {}
+    network, fitted, at_limit = base, {}, []
     for parameter, measured in by_parameter.items():
         network = _fit_bandwidth(network, parameter, measured)
         if parameter.startswith("node.nvls_bus_gbps"):
-            latency = min(LATENCIES, key=lambda us: _misfit(_set(network, "node.nvls_latency_us", us), measured))
-            network = _fit_bandwidth(_set(network, "node.nvls_latency_us", latency), parameter, measured)
+            latency = None
+            for _ in range(ROUNDS):  # each fit moves the other: take turns until the latency holds
+                previous, latency = latency, _fit_latency(network, measured)
+                network = _fit_bandwidth(_set(network, "node.nvls_latency_us", latency), parameter, measured)
+                if latency == previous:
+                    break
             fitted["node.nvls_latency_us"] = latency
+            if latency == LATENCY_LIMIT_US:
+                at_limit.append("node.nvls_latency_us")
         fitted[parameter] = _get(network, parameter)
     network = replace(network, name=name)
     fits = tuple(RunFit(run, placement, tuple(
         Row(row.size, row.micros, modelled(base, run.comm_type, row.size, placement).micros,
             modelled(network, run.comm_type, row.size, placement)) for row in run.rows))
         for run, placement in placed)
-    return NetworkFit(network, fits, fitted)
+    return NetworkFit(network, fits, fitted, tuple(at_limit))
+
+
+def _fit_latency(network: NetworkFile, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> float:
+    """NVLS's latency (0 to LATENCY_LIMIT_US) of least misfit: every 5 µs, then every 0.5 µs
+    around the best."""
+    def misfit(us: float) -> float:
+        return _misfit(_set(network, "node.nvls_latency_us", us), runs)
+
+    coarse = min((step * 5.0 for step in range(int(LATENCY_LIMIT_US / 5) + 1)), key=misfit)
+    return min((coarse + step / 2 for step in range(-10, 11) if 0 <= coarse + step / 2 <= LATENCY_LIMIT_US),
+               key=misfit)
 
 
 def _parameter(network: NetworkFile, run: NcclTestsRun, placement: Placement) -> str:

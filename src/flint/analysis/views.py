@@ -185,4 +185,7 @@ def network_calibration_view(fit) -> Group:
                           f"{row.after.micros / row.measured:.2f}", f"{row.after.algorithm} {row.after.protocol}")
         tables.append(table)
     fitted = ", ".join(f"{key} {value:g}" for key, value in fit.fitted.items())
-    return Group(*tables, f"fitted: {fitted}")
+    notes = [f"[yellow]note:[/] {key} ended at the end of the range tried ({fit.fitted[key]:g}): these times "
+             "do not follow a latency plus bytes over a bandwidth, so the fit is as near as that form gets"
+             for key in fit.at_limit]
+    return Group(*tables, f"fitted: {fitted}", *notes)
