@@ -6,8 +6,9 @@ node's ring bus bandwidth; across nodes, the NICs' bandwidth. That number is set
 largest size takes its measured time (runs that measure one number share it: their mean). Where
 it is NVLS's, NVLS's latency is fitted too: the one (0 to 2,000 µs, to 0.5 µs) that minimises the
 sum of squared log ratios of modelled to measured time over the runs' sizes, then the bandwidth
-again, in turns until the latency holds. A latency at the end of that range is reported: there the times do not follow a latency
-plus bytes over a bandwidth, and the file fits them only as far as its numbers can.
+again, in turns until the latency holds. A latency at the end of that range is reported: there
+the times do not follow a latency plus bytes over a bandwidth, and the file fits them only as far
+as its numbers can.
 NCCL's own constants (latencies per algorithm and protocol, protocol efficiencies) stay as
 tuning.cc has them.
 """
