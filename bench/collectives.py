@@ -19,9 +19,11 @@
    file takes from H100's; and one 8x B200 node's (the GKE a4 output of yangwhale/gpu-tpu-pedia's
    gpu/deepep/README.md: 845 GB/s at 16 GB, out of place), which the hgx-b200 and nvl72 files take
    as their 8-GPU NVLS bus bandwidth (their line checks the model's use of it).
-3. Eleven published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`: one
-   to 128 nodes of 8 H100, one and two nodes of 8 A100), none of them fitted: one line per size, then each
-   file's worst and median ratio by size band and its largest size's bus bandwidth.
+3. Fourteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
+   one to 128 nodes of 8 H100, one and two nodes of 8 A100, one, two and twenty GB200 NVL72
+   racks), none of them fitted: one line per size, then each file's worst and median ratio by size
+   band and its largest size's bus bandwidth; then, where two or more runs share a placement, the
+   range they span at each size and where Flint falls in it.
 4. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
@@ -151,6 +153,45 @@ def held_out(folder: Path) -> None:
         cells = [f"{max(b, key=lambda r: abs(r - 1)):.2f}, {statistics.median(b):.2f}" if b else "-" for b in bands]
         largest_bus = f"{measured:.0f}, {flint:.0f} at {size / 2**30:g} GiB"
         print(f"{entry['file']:<56} {cells[0]:>24} {cells[1]:>27} {largest_bus:>31}")
+    published_ranges(folder, runs)
+
+
+def published_ranges(folder: Path, runs: list[dict]) -> None:
+    """Machines of one kind measure differently (drivers, firmware, NCCL versions, cabling), so a
+    model can only be asked to land among them: for every placement that two or more held-out runs
+    share at NCCL's defaults, each size they both measure, their lowest and highest time beside
+    Flint's, and where Flint is: inside that published range, or its ratio to the nearer end."""
+    groups: dict[tuple, list[dict]] = {}
+    for entry in runs:
+        if entry.get("algorithm") or entry.get("protocol"):
+            continue
+        comm_type = read_nccl_tests(folder / entry["file"]).comm_type
+        groups.setdefault((entry["network"], entry["ranks"], entry["nodes"], comm_type), []).append(entry)
+    print("\nPublished range: placements that several held-out runs share (NCCL's defaults), per size "
+          "measured by two or more")
+    print(f"{'placement':<28} {'bytes':>14} {'runs':>4} {'lowest µs':>10} {'highest µs':>10} {'Flint µs':>10}  "
+          "Flint / nearer end")
+    outside: list[float] = []
+    for (network_name, ranks, nodes, comm_type), entries in groups.items():
+        if len(entries) < 2:
+            continue
+        by_size: dict[int, list[float]] = {}
+        for entry in entries:
+            for row in read_nccl_tests(folder / entry["file"]).rows:
+                by_size.setdefault(row.size, []).append(row.micros)
+        label = f"{ranks} ranks, {nodes} node(s), {network_name}"
+        for size in sorted(s for s, times in by_size.items() if len(times) > 1):
+            low, high = min(by_size[size]), max(by_size[size])
+            flint = modelled(BUILTIN_NETWORKS[network_name], comm_type, size, Placement(ranks, nodes)).micros
+            ratio = flint / low if flint < low else flint / high if flint > high else 1.0
+            outside.append(ratio)
+            where = "inside" if ratio == 1.0 else f"{ratio:.2f}"
+            print(f"{label:<28} {size:>14,} {len(by_size[size]):>4} {low:>10,.1f} {high:>10,.1f} "
+                  f"{flint:>10,.1f}  {where}")
+    inside = sum(r == 1.0 for r in outside)
+    near = sum(abs(r - 1) <= 0.15 for r in outside)
+    print(f"{len(outside)} sizes: {inside} inside the published range, {near} within 15% of it, "
+          f"furthest {min(outside, key=lambda r: -abs(r - 1)):.2f}")
 
 
 def main() -> None:
