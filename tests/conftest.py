@@ -73,7 +73,9 @@ def hand_kernel_micros(node: pb.Node, device: dict) -> float:
     tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch
     fill = m * n * batch / (math.ceil(tiles / units) * units * tile_m * tile_n)
     peak = device["peak_tflops"] * 1e12 * (2 if bits <= 8 else 0.5 if bits >= 32 else 1)
-    rate = peak * c["gemm_efficiency"] * fill * k / (k + c["gemm_k_overhead"])
+    # 8-bit operands at the device's 8-bit GEMM efficiency, where it has one.
+    efficiency = c.get("gemm_efficiency_8bit") if bits <= 8 and c.get("gemm_efficiency_8bit") else c["gemm_efficiency"]
+    rate = peak * efficiency * fill * k / (k + c["gemm_k_overhead"])
     return c["kernel_overhead_us"] + max(flops / rate, nbytes / (bandwidth * c["gemm_efficiency"])) * 1e6
 
 

@@ -112,6 +112,31 @@ def test_fusions_the_compiler_gives_tritons_block_emitter_are_triton_kernels():
     assert kernel_of(_fusion("kCustom", (1, 0, 2), "__cudnn$fusion")) == "fusion"
 
 
+def test_an_8bit_gemm_runs_at_twice_the_peak_and_its_own_efficiency(device):
+    # The 128 x 128 x 1024 product of the first test in FP8: the 8-bit peak is 200 TFLOP/s; with
+    # an 8-bit efficiency of 0.3 it runs at 200 x 0.3 x 1024 / 1088 = 56.47 TFLOP/s, without one
+    # at the 16-bit 0.5: 94.12 TFLOP/s. Its bytes stream at the 16-bit efficiency either way.
+    flops = 2 * 128 * 128 * 1024
+    fp8 = replace(device, calibration=replace(device.calibration, gemm_efficiency_8bit=0.3))
+    assert calibrated_micros(fp8, flops, 1, [1, 128, 128, 1024, 8]) == pytest.approx(
+        2.0 + flops / (200e12 * 0.3 * 1024 / 1088) * 1e6)
+    assert calibrated_micros(device, flops, 1, [1, 128, 128, 1024, 8]) == pytest.approx(
+        2.0 + flops / (200e12 * 0.5 * 1024 / 1088) * 1e6)
+    assert calibrated_micros(fp8, flops, 1, [1, 128, 128, 1024, 16]) == calibrated_micros(
+        device, flops, 1, [1, 128, 128, 1024, 16])
+
+
+def test_hopper_files_time_fp8_gemms_at_what_cublas_publishes():
+    """Azure's ND H100 v5 and ND H200 v5 cuBLASLt FP8 GEMMs (bench/measured/gemms.toml): 8192^3 at
+    1,290.1 and 1,300.6 TFLOP/s, 16384^3 at 1,377.3 and 1,366.3; the H100's fitted the 8-bit
+    efficiency, the H200's are held out. At the 16-bit efficiency they came out 1.3x fast."""
+    for name, published in (("h100", {8192: 1290.1, 16384: 1377.3}), ("h200", {8192: 1300.6, 16384: 1366.3})):
+        gpu = load_device(name)
+        for side, tflops in published.items():
+            micros = calibrated_micros(gpu, 2 * side**3, 3 * side**2, [1, side, side, side, 8])
+            assert 2 * side**3 / micros / 1e6 / tflops == pytest.approx(1.0, abs=0.06)
+
+
 def test_h200_file_times_a_large_gemm_near_what_the_gpu_measured():
     """8192 x 4096 x 4096 bf16 ran in 361.0 µs on the H200 (../shared/calibration's microbenchmarks)."""
     h200 = load_device("h200")
@@ -392,3 +417,15 @@ def test_layers_held_one_dict_each_do_the_same_gemms_without_slicing_a_stack(tmp
         totals[scan] = gemm, sum(attr_value(n, "tensor_size") for n in nodes)
     assert totals["False"][0] == totals["True"][0] > 0
     assert totals["True"][1] - totals["False"][1] >= 2 * layers * 12 * hidden**2 * 2
+
+
+def test_a_fitted_device_file_keeps_the_8bit_efficiency(tmp_path):
+    from flint.analysis.calibrate import Fit, device_toml
+
+    path = tmp_path / "h100-mine.toml"
+    path.write_text(device_toml(Fit(load_device("h100"), [], [], (), {}), "a profile"))
+    kept = load_device(str(path)).calibration.gemm_efficiency_8bit
+    assert kept == load_device("h100").calibration.gemm_efficiency_8bit == 0.695
+    round_trip = tmp_path / "round.toml"
+    round_trip.write_text(device_toml(Fit(load_device(str(ROUND)), [], [], (), {}), "a profile"))
+    assert "gemm_efficiency_8bit" not in round_trip.read_text()

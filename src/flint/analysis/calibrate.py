@@ -306,8 +306,11 @@ def device_toml(fit: Fit, source: str) -> str:
     if device.vector_tflops is not None:
         lines.append(f"vector_tflops = {device.vector_tflops}")
     lines += [f"compute_units = {device.compute_units}", "", "[calibration]",
-              f"gemm_efficiency = {c.gemm_efficiency}", f"gemm_tile = [{c.gemm_tile[0]}, {c.gemm_tile[1]}]",
-              f"gemm_k_overhead = {c.gemm_k_overhead}", f"memory_efficiency = {c.memory_efficiency}"]
+              f"gemm_efficiency = {c.gemm_efficiency}"]
+    if c.gemm_efficiency_8bit is not None:
+        lines.append(f"gemm_efficiency_8bit = {c.gemm_efficiency_8bit}")
+    lines += [f"gemm_tile = [{c.gemm_tile[0]}, {c.gemm_tile[1]}]", f"gemm_k_overhead = {c.gemm_k_overhead}",
+              f"memory_efficiency = {c.memory_efficiency}"]
     if c.transpose_efficiency is not None:
         lines.append(f"transpose_efficiency = {c.transpose_efficiency}")
     if c.triton_efficiency is not None:

@@ -9,7 +9,8 @@ The calibrated model, per kernel, in microseconds:
     overhead + max(compute, bytes / (bandwidth x memory_efficiency))
 
 - a GEMM's compute is `flops / (peak(bits) x gemm_efficiency x fill x k / (k + k_overhead))`:
-  `peak(bits)` the matrix peak for 16-bit operands, twice it for 8-bit, half for 32-bit (TF32);
+  `peak(bits)` the matrix peak for 16-bit operands, twice it for 8-bit, half for 32-bit (TF32),
+  and for 8-bit operands `gemm_efficiency_8bit` where the device has one;
   `fill` the share of the compute units' tile slots that real output fills, with the product cut
   into `gemm_tile` tiles run in waves of one tile per unit (a 129-row product wastes most of a
   second row of tiles; 133 tiles on 132 units take two waves); a side narrower than the tile
@@ -65,7 +66,8 @@ def gemm_micros(device: Device, flops: int, gemm: Sequence[int]) -> float:
     if flops <= 0 or min(batch, m, n, k) <= 0:
         return 0.0
     c = device.calibration
-    rate = matrix_tflops(device, bits) * c.gemm_efficiency * gemm_fill(device, batch, m, n) * k / (k + c.gemm_k_overhead)
+    efficiency = c.gemm_efficiency_8bit if bits <= 8 and c.gemm_efficiency_8bit is not None else c.gemm_efficiency
+    rate = matrix_tflops(device, bits) * efficiency * gemm_fill(device, batch, m, n) * k / (k + c.gemm_k_overhead)
     return flops / (rate * 1e12) * 1e6
 
 

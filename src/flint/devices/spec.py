@@ -24,6 +24,8 @@ class Calibration:
     """How close real kernels come to the peaks, measured (see each device file's sources).
 
     - `gemm_efficiency`: a large GEMM's throughput over the matrix peak;
+    - `gemm_efficiency_8bit`: the same for 8-bit operands (FP8, INT8) over the 8-bit peak, which
+      GEMM kernels reach a smaller share of; None: as `gemm_efficiency`;
     - `gemm_tile`: the output tile one compute unit works on (rows, columns), which sets how a
       product's tiles fill the chip in waves;
     - `gemm_k_overhead`: a tile's fixed cost in contraction depth: a GEMM of depth k runs at
@@ -39,6 +41,7 @@ class Calibration:
     """
 
     gemm_efficiency: float = 1.0
+    gemm_efficiency_8bit: float | None = None
     gemm_tile: tuple[int, int] = (128, 128)
     gemm_k_overhead: float = 0.0
     memory_efficiency: float = 1.0
@@ -136,6 +139,7 @@ def _device(data, origin: str) -> Device:
             compute_units=int(_positive(data, "compute_units")) if "compute_units" in data else 1,
             calibration=Calibration(
                 gemm_efficiency=_fraction(calibration, "gemm_efficiency"),
+                gemm_efficiency_8bit=_optional_fraction(calibration, "gemm_efficiency_8bit"),
                 gemm_tile=(tile[0], tile[1]),
                 gemm_k_overhead=_rate(calibration, "gemm_k_overhead", 0.0),
                 memory_efficiency=_fraction(calibration, "memory_efficiency"),
