@@ -21,9 +21,11 @@
    as their 8-GPU NVLS bus bandwidth (their line checks the model's use of it).
 3. Fourteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
    one to 128 nodes of 8 H100, one and two nodes of 8 A100, one, two and twenty GB200 NVL72
-   racks), none of them fitted: one line per size, then each file's worst and median ratio by size
-   band and its largest size's bus bandwidth; then, where two or more runs share a placement, the
-   range they span at each size and where Flint falls in it.
+   racks) and three published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`:
+   Azure's 8x H100, 8x H200 and 8x A100 VMs, 1 KB to 8 GB), none of them fitted: one line per
+   size, then each run's worst and median ratio by size band and its largest size's bus
+   bandwidth; then, where two or more published runs share a placement (the sample of 1. among
+   them), the range they span at each size and where Flint falls in it.
 4. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
@@ -40,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from flint.analysis.calibrate_network import modelled, placement_of
-from flint.analysis.nccl_tests import read_nccl_tests
+from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, read_nccl_tests
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import NcclModel, Placement
 from flint.step.network import network_for
@@ -52,14 +54,13 @@ BANDS = [(16 * 2**20, 16 * 2**30, 0.15), (8, 8 * 2**20, 0.35)]
 """(smallest, largest bytes, tolerance): the 8x H100 all-reduce targets."""
 
 
-def file_beside(path: Path, network, ranks: int | None = None, nodes: int | None = None,
-                algorithm: str | None = None, protocol: str | None = None) -> list[float]:
-    """One line per size of an nccl-tests file (of `algorithm` and `protocol` where the run
-    forced them); the ratios."""
-    run = read_nccl_tests(path)
+def run_beside(run: NcclTestsRun, network, ranks: int | None = None, nodes: int | None = None,
+               algorithm: str | None = None, protocol: str | None = None) -> list[float]:
+    """One line per size of a measured run (of `algorithm` and `protocol` where the run forced
+    them); the ratios."""
     placement = placement_of(run, ranks, nodes)
     forced = f", {' '.join(filter(None, (algorithm, protocol)))} forced" if algorithm or protocol else ""
-    print(f"\n{path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
+    print(f"\n{run.path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
           f"network {network.name}, in place{forced}")
     print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  Flint's choice")
     ratios = []
@@ -71,15 +72,26 @@ def file_beside(path: Path, network, ranks: int | None = None, nodes: int | None
     return ratios
 
 
-def h100_all_reduce(folder: Path) -> None:
+def curve_run(entry: dict) -> NcclTestsRun:
+    """A published table of bus bandwidths by size (`bus_bandwidths.toml`) as the run it measures."""
+    comm_type = COLLECTIVES[entry["collective"]]
+    n = entry["ranks"]
+    factor = 2 * (n - 1) / n if comm_type == pb.ALL_REDUCE else (n - 1) / n
+    rows = tuple(Measurement(entry["first_bytes"] << i, (entry["first_bytes"] << i) * factor / (busbw * 1e3))
+                 for i, busbw in enumerate(entry["busbw"]))
+    return NcclTestsRun(Path(entry["name"]), entry["collective"], n, entry["nodes"], rows)
+
+
+def h100_all_reduce(folder: Path) -> NcclTestsRun:
     path = folder / "h100_8gpu_all_reduce_perf.txt"
     run = read_nccl_tests(path)
-    ratios = file_beside(path, BUILTIN_NETWORKS["hgx"], ranks=8)
+    ratios = run_beside(run, BUILTIN_NETWORKS["hgx"], ranks=8)
     for low, high, tolerance in BANDS:
         band = [r for row, r in zip(run.rows, ratios) if low <= row.size <= high]
         worst = max(band, key=lambda r: abs(r - 1))
         verdict = "met" if abs(worst - 1) <= tolerance else "NOT met"
         print(f"{low:>14,} .. {high:,} B: worst ratio {worst:.2f} (target within {tolerance:.0%}): {verdict}")
+    return run
 
 
 def bus_bandwidth(comm_type: int, total: int, micros: float, n: int) -> float:
@@ -128,56 +140,57 @@ def published(network_name: str = "hgx") -> None:
          bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, 2))
 
 
-def held_out(folder: Path) -> None:
-    """Published nccl-tests outputs of other machines (`held_out.toml` there): each file's lines,
-    then per file the worst and median ratio by size band and the largest size's bus bandwidth."""
-    runs = tomllib.loads((folder / "held_out.toml").read_text())["run"]
+def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
+    """Published measurements of other machines (`held_out.toml`'s nccl-tests outputs, then
+    `bus_bandwidths.toml`'s tables): each one's lines, then per run the worst and median ratio by
+    size band and the largest size's bus bandwidth; then the ranges they span together with the
+    `fitted` runs (a network file took a number from those)."""
+    runs = [(entry, read_nccl_tests(folder / entry["file"]))
+            for entry in tomllib.loads((folder / "held_out.toml").read_text())["run"]]
+    curves = tomllib.loads((folder / "bus_bandwidths.toml").read_text())["curve"]
+    runs += [(entry, curve_run(entry)) for entry in curves]
     summary = []
-    for entry in runs:
-        path = folder / entry["file"]
+    for entry, run in runs:
         network = BUILTIN_NETWORKS[entry["network"]]
-        ratios = file_beside(path, network, entry["ranks"], entry["nodes"], entry.get("algorithm"),
-                             entry.get("protocol"))
-        run = read_nccl_tests(path)
+        ratios = run_beside(run, network, entry["ranks"], entry["nodes"], entry.get("algorithm"), entry.get("protocol"))
         rows = run.rows
         bands = [[r for row, r in zip(rows, ratios) if low <= row.size <= high] for low, high, _ in BANDS[::-1]]
         largest = rows[-1]
         flint_us = largest.micros * ratios[-1]
         measured, flint = (bus_bandwidth(run.comm_type, largest.size, us, entry["ranks"])
                            for us in (largest.micros, flint_us))
-        summary.append((entry, bands, largest.size, measured, flint))
-    print("\nHeld-out nccl-tests outputs (bench/measured/nccl; none was fitted): Flint / NCCL time")
-    print(f"{'file':<56} {'8 B-8 MB worst, median':>24} {'16 MB-16 GB worst, median':>27} "
+        summary.append((run.path.name, bands, largest.size, measured, flint))
+    print("\nHeld-out measurements (bench/measured/nccl; none was fitted): Flint / NCCL time")
+    print(f"{'run':<56} {'8 B-8 MB worst, median':>24} {'16 MB-16 GB worst, median':>27} "
           f"{'largest: NCCL, Flint bus GB/s':>31}")
-    for entry, bands, size, measured, flint in summary:
+    for name, bands, size, measured, flint in summary:
         cells = [f"{max(b, key=lambda r: abs(r - 1)):.2f}, {statistics.median(b):.2f}" if b else "-" for b in bands]
         largest_bus = f"{measured:.0f}, {flint:.0f} at {size / 2**30:g} GiB"
-        print(f"{entry['file']:<56} {cells[0]:>24} {cells[1]:>27} {largest_bus:>31}")
-    published_ranges(folder, runs)
+        print(f"{name:<56} {cells[0]:>24} {cells[1]:>27} {largest_bus:>31}")
+    published_ranges(runs + fitted)
 
 
-def published_ranges(folder: Path, runs: list[dict]) -> None:
-    """Machines of one kind measure differently (drivers, firmware, NCCL versions, cabling), so a
-    model can only be asked to land among them: for every placement that two or more held-out runs
+def published_ranges(runs: list[tuple[dict, NcclTestsRun]]) -> None:
+    """Machines of one kind measure differently (drivers, firmware, NCCL versions, VMs), so a
+    model can only be asked to land among them: for every placement that two or more published runs
     share at NCCL's defaults, each size they both measure, their lowest and highest time beside
     Flint's, and where Flint is: inside that published range, or its ratio to the nearer end."""
-    groups: dict[tuple, list[dict]] = {}
-    for entry in runs:
+    groups: dict[tuple, list[NcclTestsRun]] = {}
+    for entry, run in runs:
         if entry.get("algorithm") or entry.get("protocol"):
             continue
-        comm_type = read_nccl_tests(folder / entry["file"]).comm_type
-        groups.setdefault((entry["network"], entry["ranks"], entry["nodes"], comm_type), []).append(entry)
-    print("\nPublished range: placements that several held-out runs share (NCCL's defaults), per size "
-          "measured by two or more")
+        groups.setdefault((entry["network"], entry["ranks"], entry["nodes"], run.comm_type), []).append(run)
+    print("\nPublished range: placements that several published runs share (NCCL's defaults; the 8x H100 "
+          "sample above among them), per size measured by two or more")
     print(f"{'placement':<28} {'bytes':>14} {'runs':>4} {'lowest µs':>10} {'highest µs':>10} {'Flint µs':>10}  "
           "Flint / nearer end")
     outside: list[float] = []
-    for (network_name, ranks, nodes, comm_type), entries in groups.items():
-        if len(entries) < 2:
+    for (network_name, ranks, nodes, comm_type), group in groups.items():
+        if len(group) < 2:
             continue
         by_size: dict[int, list[float]] = {}
-        for entry in entries:
-            for row in read_nccl_tests(folder / entry["file"]).rows:
+        for run in group:
+            for row in run.rows:
                 by_size.setdefault(row.size, []).append(row.micros)
         label = f"{ranks} ranks, {nodes} node(s), {network_name}"
         for size in sorted(s for s, times in by_size.items() if len(times) > 1):
@@ -202,12 +215,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, help="Ranks of the FILEs, where their headers do not list them.")
     parser.add_argument("--nodes", type=int, help="Nodes of the FILEs, where their headers do not list them.")
     args = parser.parse_args()
-    h100_all_reduce(args.calibration)
+    sample = h100_all_reduce(args.calibration)
     published()
-    held_out(ROOT / "bench" / "measured" / "nccl")
+    held_out(ROOT / "bench" / "measured" / "nccl", [({"network": "hgx", "ranks": 8, "nodes": 1}, sample)])
     network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
     for path in args.files:
-        file_beside(path, network, args.ranks, args.nodes)
+        run_beside(read_nccl_tests(path), network, args.ranks, args.nodes)
 
 
 if __name__ == "__main__":
