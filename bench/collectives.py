@@ -19,14 +19,16 @@
    file takes from H100's; and one 8x B200 node's (the GKE a4 output of yangwhale/gpu-tpu-pedia's
    gpu/deepep/README.md: 845 GB/s at 16 GB, out of place), which the hgx-b200 and nvl72 files take
    as their 8-GPU NVLS bus bandwidth (their line checks the model's use of it).
-3. Fourteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
-   one to 128 nodes of 8 H100, one and two nodes of 8 A100, one, two and twenty GB200 NVL72
-   racks) and three published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`:
-   Azure's 8x H100, 8x H200 and 8x A100 VMs, 1 KB to 8 GB), none of them fitted: one line per
-   size, then each run's worst and median ratio by size band and its largest size's bus
-   bandwidth; then, where two or more published runs share a placement (the sample of 1. among
-   them), the range they span at each size and where Flint falls in it.
-4. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
+3. The published nccl-tests output `hgx-a100`'s one-node ring numbers were fitted to
+   (`bench/measured/nccl/fitted.toml`: one node of 8 A100), beside the fitted model.
+4. Thirteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
+   one to 128 nodes of 8 H100, two nodes of 8 A100, one, two and twenty GB200 NVL72 racks) and
+   three published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
+   H100, 8x H200 and 8x A100 VMs, 1 KB to 8 GB), none of them fitted: one line per size, then
+   each run's worst and median ratio by size band and its largest size's bus bandwidth; then,
+   where two or more published runs share a placement (those of 1. and 3. among them), the range
+   they span at each size and where Flint falls in it.
+5. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
 Every figure is computed in this run by Flint's model of NCCL (flint.step.nccl), as `flint
@@ -140,6 +142,18 @@ def published(network_name: str = "hgx") -> None:
          bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, 2))
 
 
+def fitted_runs(folder: Path) -> list[tuple[dict, NcclTestsRun]]:
+    """The published runs a built-in network file was fitted to (`fitted.toml` there), each beside
+    the fitted model: a check of the fit."""
+    runs = []
+    for entry in tomllib.loads((folder / "fitted.toml").read_text())["run"]:
+        run = read_nccl_tests(folder / entry["file"])
+        print(f"\nFitted to it: {entry['network']}'s {entry['fitted']}")
+        run_beside(run, BUILTIN_NETWORKS[entry["network"]], entry["ranks"], entry["nodes"])
+        runs.append((entry, run))
+    return runs
+
+
 def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
     """Published measurements of other machines (`held_out.toml`'s nccl-tests outputs, then
     `bus_bandwidths.toml`'s tables): each one's lines, then per run the worst and median ratio by
@@ -217,7 +231,9 @@ def main() -> None:
     args = parser.parse_args()
     sample = h100_all_reduce(args.calibration)
     published()
-    held_out(ROOT / "bench" / "measured" / "nccl", [({"network": "hgx", "ranks": 8, "nodes": 1}, sample)])
+    folder = ROOT / "bench" / "measured" / "nccl"
+    fitted = fitted_runs(folder)
+    held_out(folder, [({"network": "hgx", "ranks": 8, "nodes": 1}, sample), *fitted])
     network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
     for path in args.files:
         run_beside(read_nccl_tests(path), network, args.ranks, args.nodes)

@@ -53,7 +53,9 @@ def test_a_ring_bandwidth_is_recovered_from_an_all_gather(tmp_path):
     measured = nccl_tests(tmp_path / "ag.txt", "all_gather_perf", times)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["fitted"] == {"node.bus_gbps": pytest.approx(300, rel=0.001)}
+    # The ring's Simple step comes back as NCCL's 3.4 µs; no size runs LL128, so its share is not fitted.
+    assert json.loads(run.stdout)["fitted"] == {"node.bus_gbps": pytest.approx(300, rel=0.001),
+                                                "node.ring_simple_hop_us": pytest.approx(3.4, abs=1e-9)}
     text = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
     assert "all_gather, 8 ranks on 1 node" in text.stdout and "Ring Simple" in text.stdout
 
@@ -94,3 +96,29 @@ def test_a_latency_beyond_the_range_tried_is_said(tmp_path):
     assert fit["fitted"]["node.nvls_latency_us"] == 2000 and fit["at_limit"] == ["node.nvls_latency_us"]
     text = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
     assert text.returncode == 0 and "node.nvls_latency_us ended at the end of the range tried (2000)" in text.stdout
+
+
+def test_a_slow_ring_step_and_ll128_share_are_recovered_on_one_node(tmp_path):
+    """An 8-GPU A100 node whose rings run slower than NCCL's constants: 235 GB/s bus, 12 µs a
+    Simple step, LL128 at 0.45 of the bus. Each size takes the fastest of (NCCL's Ampere constants)
+    LL: 6.6 + 14 x 0.6 + S / (87.7 x 8 / 14 x 10^3); LL128: 14 + 14 x 1.9 + S / (0.45 x 235 x 8 / 14
+    x 10^3); Simple: 8.4 + 14 x 12 + S / (235 x 8 / 14 x 10^3): LL to 4 MiB, LL128 at 8 MiB, Simple
+    from 16 MiB."""
+    def fastest(size: int) -> float:
+        return min(6.6 + 14 * 0.6 + size / (87.7 * 8 / 14 * 1e3),
+                   14 + 14 * 1.9 + size / (0.45 * 235 * 8 / 14 * 1e3),
+                   8.4 + 14 * 12 + size / (235 * 8 / 14 * 1e3))
+
+    times = {2**k: fastest(2**k) for k in range(20, 31)}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    run = flint("calibrate", "--network", "hgx-a100", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"]["node.bus_gbps"] == pytest.approx(235, rel=0.002)
+    assert fit["fitted"]["node.ring_simple_hop_us"] == pytest.approx(12, abs=0.05)
+    assert fit["fitted"]["node.ll128_bus_fraction"] == pytest.approx(0.45, abs=0.005)
+    protocols = [row["protocol"] for row in fit["runs"][0]["rows"]]
+    assert protocols == ["LL"] * 3 + ["LL128"] + ["Simple"] * 7
+    written = load_network_file(tmp_path / "f.toml")
+    assert written.node.ring_simple_hop_us == pytest.approx(12, abs=0.05)
+    assert written.node.ll128_bus_fraction == pytest.approx(0.45, abs=0.005)

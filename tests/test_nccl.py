@@ -11,6 +11,7 @@ channels, NVLS 480 GB/s at 8 GPUs and 81.5 µs, eight 47 GB/s NICs per node, no 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import flint
@@ -154,12 +155,27 @@ def test_all_to_all_and_send_recv_are_point_to_point():
     assert TWO_NODES.transfer_micros(0, 1, MIB) == pytest.approx(11.8 + MIB / 370.8e3)
 
 
-def test_an_a100_node_has_no_nvls():
-    """hgx-a100: Ampere, no NVLink SHARP: a 1 GiB all-reduce is Ring Simple at 240 GB/s bus."""
+def test_an_a100_node_has_no_nvls_and_its_rings_run_at_their_fitted_numbers():
+    """hgx-a100: Ampere, no NVLink SHARP. Its file's one-node ring numbers are fitted to a
+    published 8x A100 run: 233.9 GB/s bus, 11.45 µs a Simple step (NCCL's 3.4), LL128 at 0.45 of
+    the bus (NCCL's 0.92). A 1 GiB all-reduce is Ring Simple: 8.4 + 14 x 11.45 + S / (233.9 x 8 /
+    14 x 10^3) µs; 8 MiB is Ring LL128: 14 + 14 x 1.9 + S / (0.45 x 233.9 x 8 / 14 x 10^3) =
+    180.1 µs, just under LL's 15 + S / (87.7 x 8 / 14 x 10^3) = 182.4. Across two nodes the
+    fitted numbers do not apply: the times are those of NCCL's constants."""
     model = NcclModel(network_for("hgx-a100", [("tensor", 8)]))
     choice = model.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
     assert (choice.algorithm, choice.protocol) == ("Ring", "Simple")
-    assert choice.micros == pytest.approx(8.4 + 14 * 3.4 + GIB / (240 * 8 / 14 * 1e3))
+    assert choice.micros == pytest.approx(8.4 + 14 * 11.45 + GIB / (233.9 * 8 / 14 * 1e3))
+    choice = model.choose(pb.ALL_REDUCE, 8 * MIB, Placement(8, 1))
+    assert (choice.algorithm, choice.protocol) == ("Ring", "LL128")
+    assert choice.micros == pytest.approx(14 + 14 * 1.9 + 8 * MIB / (0.45 * 233.9 * 8 / 14 * 1e3))
+    cluster = model.cluster
+    constants = replace(cluster, node=replace(cluster.node, ring_simple_hop_us=None, ll128_bus_fraction=None))
+    two_nodes = NcclModel(network_for("hgx-a100", [("data", 2), ("tensor", 8)]))
+    untuned = NcclModel(replace(two_nodes.network, cluster=constants))
+    for size in (8 * MIB, GIB):
+        assert two_nodes.choose(pb.ALL_REDUCE, size, Placement(16, 2)) == untuned.choose(
+            pb.ALL_REDUCE, size, Placement(16, 2))
 
 
 def test_simulate_times_one_collective_as_nccl_by_default(tmp_path):
@@ -180,3 +196,6 @@ def test_a_bad_network_file_is_one_line(tmp_path):
     run = flint("simulate", traces, "--network", str(path), "-o", tmp_path / "s")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "bus_gbps is -1" in run.stderr
+    path.write_text('name = "bad"\n[node]\ngpus = 8\nbus_gbps = 200\nll128_bus_fraction = 1.5\n')
+    with pytest.raises(FlintError, match=r"is not valid: .*ll128_bus_fraction is 1.5, not a fraction"):
+        network_for(str(path), [("tensor", 8)])

@@ -3,14 +3,21 @@
 Each run's largest size says which of the network's numbers it measures, by what NCCL's model runs
 there (`flint.step.nccl`): on one node, NVLS's bus bandwidth for that many GPUs, or else the
 node's ring bus bandwidth; across nodes, the NICs' bandwidth. That number is set so that the
-largest size takes its measured time (runs that measure one number share it: their mean). Where
-it is NVLS's, NVLS's latency is fitted too: the one (0 to 2,000 µs, to 0.5 µs) that minimises the
-sum of squared log ratios of modelled to measured time over the runs' sizes, then the bandwidth
-again, in turns until the latency holds. A latency at the end of that range is reported: there
-the times do not follow a latency plus bytes over a bandwidth, and the file fits them only as far
-as its numbers can.
-NCCL's own constants (latencies per algorithm and protocol, protocol efficiencies) stay as
-tuning.cc has them.
+largest size takes its measured time (runs that measure one number share it: their mean). Then
+the numbers that shape the smaller sizes, each the value that minimises the sum of squared log
+ratios of modelled to measured time over the runs' sizes (a coarse grid, then a fine one around
+its best), in turns with the bandwidth until they hold:
+
+- where the bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
+- where it is the ring's on one node, one step of a Simple ring (0 to 100 µs, to 0.05 µs; NCCL's
+  tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches (0.05 to 1, to
+  0.01; NCCL's 0.92), the latter only where the fitted model runs LL128 at some measured size
+  (elsewhere the sizes say nothing of it).
+
+A latency at the end of its range is reported: there the times do not follow a latency plus bytes
+over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
+(latencies per algorithm and protocol, the other protocols' efficiencies) stay as tuning.cc has
+them.
 """
 
 from __future__ import annotations
@@ -27,10 +34,26 @@ from flint.step.nccl import Choice, NcclModel, Placement
 from flint.step.network import Dimension, Network
 from flint.step.network_files import NetworkFile
 
-LATENCY_LIMIT_US = 2000.0
-"""The NVLS latencies the fit tries run from 0 to this (µs)."""
+@dataclass(frozen=True)
+class Shape:
+    """A number fitted besides a bandwidth: tried from `low` to `high` every `coarse`, then every
+    `fine` around the best; `bounded`: a best at `high` is reported (a latency, not a share)."""
+
+    key: str
+    low: float
+    high: float
+    coarse: float
+    fine: float
+    bounded: bool = True
+
+
+NVLS_LATENCY = Shape("node.nvls_latency_us", 0.0, 2000.0, 5.0, 0.5)
+RING_SIMPLE_HOP = Shape("node.ring_simple_hop_us", 0.0, 100.0, 0.5, 0.05)
+LL128_FRACTION = Shape("node.ll128_bus_fraction", 0.05, 1.0, 0.05, 0.01, bounded=False)
+SHAPES = {"node.bus_gbps": (RING_SIMPLE_HOP, LL128_FRACTION)}
+"""What else each bandwidth's runs fit (NVLS's bandwidths: NVLS_LATENCY)."""
 ROUNDS = 20
-"""At most this many turns of fitting NVLS's latency and then its bandwidth."""
+"""At most this many turns of fitting those numbers and then the bandwidth."""
 
 
 @dataclass(frozen=True)
@@ -104,16 +127,24 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     network, fitted, at_limit = base, {}, []
     for parameter, measured in by_parameter.items():
         network = _fit_bandwidth(network, parameter, measured)
-        if parameter.startswith("node.nvls_bus_gbps"):
-            latency = None
-            for _ in range(ROUNDS):  # each fit moves the other: take turns until the latency holds
-                previous, latency = latency, _fit_latency(network, measured)
-                network = _fit_bandwidth(_set(network, "node.nvls_latency_us", latency), parameter, measured)
-                if latency == previous:
-                    break
-            fitted["node.nvls_latency_us"] = latency
-            if latency == LATENCY_LIMIT_US:
-                at_limit.append("node.nvls_latency_us")
+        shapes = (NVLS_LATENCY,) if parameter.startswith("node.nvls_bus_gbps") else SHAPES.get(parameter, ())
+        values: dict[str, float] = {}
+        for _ in range(ROUNDS):  # each fit moves the others: take turns until they hold
+            previous = dict(values)
+            for shape in shapes:
+                values[shape.key] = _fit_shape(network, shape, measured)
+                network = _set(network, shape.key, values[shape.key])
+            network = _fit_bandwidth(network, parameter, measured)
+            if values == previous:
+                break
+        if LL128_FRACTION.key in values and not _runs(network, measured, "LL128"):
+            network = _set(network, LL128_FRACTION.key, _get(base, LL128_FRACTION.key))
+            del values[LL128_FRACTION.key]
+        for shape in shapes:
+            if shape.key in values:
+                fitted[shape.key] = values[shape.key]
+                if shape.bounded and values[shape.key] == shape.high:
+                    at_limit.append(shape.key)
         fitted[parameter] = _get(network, parameter)
     network = replace(network, name=name)
     fits = tuple(RunFit(run, placement, tuple(
@@ -123,15 +154,23 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     return NetworkFit(network, fits, fitted, tuple(at_limit))
 
 
-def _fit_latency(network: NetworkFile, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> float:
-    """NVLS's latency (0 to LATENCY_LIMIT_US) of least misfit: every 5 µs, then every 0.5 µs
-    around the best."""
-    def misfit(us: float) -> float:
-        return _misfit(_set(network, "node.nvls_latency_us", us), runs)
+def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> float:
+    """`shape`'s value of least misfit: every `coarse` from `low` to `high`, then every `fine`
+    around the best (rounded to the fine step)."""
+    def misfit(value: float) -> float:
+        return _misfit(_set(network, shape.key, value), runs)
 
-    coarse = min((step * 5.0 for step in range(int(LATENCY_LIMIT_US / 5) + 1)), key=misfit)
-    return min((coarse + step / 2 for step in range(-10, 11) if 0 <= coarse + step / 2 <= LATENCY_LIMIT_US),
-               key=misfit)
+    steps = round((shape.high - shape.low) / shape.coarse)
+    best = min((shape.low + i * shape.coarse for i in range(steps + 1)), key=misfit)
+    around = round(shape.coarse / shape.fine)
+    candidates = (round(best + i * shape.fine, 6) for i in range(-around, around + 1))
+    return min((v for v in candidates if shape.low <= v <= shape.high), key=misfit)
+
+
+def _runs(network: NetworkFile, runs: Sequence[tuple[NcclTestsRun, Placement]], protocol: str) -> bool:
+    """Whether the model of `network` runs `protocol` at any of the runs' sizes."""
+    return any(modelled(network, run.comm_type, row.size, placement).protocol == protocol
+               for run, placement in runs for row in run.rows)
 
 
 def _parameter(network: NetworkFile, run: NcclTestsRun, placement: Placement) -> str:

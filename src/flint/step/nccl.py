@@ -16,7 +16,7 @@ nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
 | algorithm (when)                      | bus bandwidth                                   | algorithm bandwidth    |
 |---------------------------------------|-------------------------------------------------|------------------------|
 | Ring, LL                              | min(B / 2, llMax)                               | bus x N / steps        |
-| Ring, LL128                           | min(0.92 B, channels x ringLL128 per channel)   | bus x N / steps        |
+| Ring, LL128                           | min(f B, channels x ringLL128 per channel)      | bus x N / steps        |
 | Ring, Simple                          | B                                               | bus x N / steps        |
 | Tree (all-reduce, > 1 node)           | min(0.92 B, channels x tree per channel), then  | bus / 2, x NCCL's tree |
 |                                       | LL: min(x / 3.8, llMax); LL128: min(x 120/128,  | correction by size     |
@@ -29,10 +29,12 @@ nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
 | one GPU per node)                     |                                                 |                        |
 
 steps = 2(N-1) for an all-reduce, N-1 for an all-gather or reduce-scatter, N for a broadcast:
-so nccl-tests' bus bandwidth of a ring is B.
+so nccl-tests' bus bandwidth of a ring is B. f is NCCL's 0.92, or on one node the network's
+`ll128_bus_fraction` where a fit to measured collectives gives one.
 
-**Latencies** (base[a][p] + hops; intra = hwLat[nvlink or pci][a][p], inter = hwLat[net][a][p] +
-latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU per node):
+**Latencies** (base[a][p] + hops; intra = hwLat[nvlink or pci][a][p], or for a Simple ring on
+one node the network's `ring_simple_hop_us` where a fit gives one; inter = hwLat[net][a][p] + latencyInter,
+twice latencyInter for Simple, and the Tree's hwLat with one GPU per node):
 
 - Ring: base + (steps - inter steps) x max(intra, net overhead (x3 for Simple) across nodes) +
   inter steps x inter, with inter steps 2(nodes-1) for an all-reduce, nodes-1 otherwise; a
@@ -251,7 +253,9 @@ class NcclModel:
             if protocol == "LL":
                 return min(ll_max, fabric * 0.5)
             if protocol == "LL128":
-                return min(fabric * 0.92, channels * arch["ring_ll128_per_channel_gbps"][column])
+                fraction = self.cluster.node.ll128_bus_fraction if shape.nodes == 1 else None
+                return min(fabric * (0.92 if fraction is None else fraction),
+                           channels * arch["ring_ll128_per_channel_gbps"][column])
             return fabric
         if algorithm == "Tree":
             bus = min(fabric * 0.92, channels * arch["tree_per_channel_gbps"][column])
@@ -295,6 +299,8 @@ class NcclModel:
         inter = self._inter(key, p, shape)
         n, nodes, ppn = shape.ranks, shape.nodes, shape.ppn
         if algorithm == "Ring":
+            if protocol == "Simple" and nodes == 1 and self.cluster.node.ring_simple_hop_us is not None:
+                intra = self.cluster.node.ring_simple_hop_us
             steps = _steps(comm_type, n)
             if comm_type == pb.BROADCAST:
                 return base + (hops["net"][key][p] if nodes > 1 else intra)

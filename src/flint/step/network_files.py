@@ -6,7 +6,11 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
   or pci: NCCL's latency class), the bus bandwidth NCCL's rings reach (`bus_gbps`, GB/s of 10^9
   bytes), its `channels`, and where the switches reduce in the network (NVLink SHARP, NCCL's NVLS)
   the all-reduce bus bandwidth by GPUs in the node (`nvls_bus_gbps`, 1, 2, ... GPUs; the last entry
-  holds for more) and the NVLS latency;
+  holds for more) and the NVLS latency; where a node's rings run slower than NCCL's tuner
+  constants say, one step of a Simple ring within the node (`ring_simple_hop_us`; absent: NCCL's
+  hardware latency for the link) and the share of the ring's bus bandwidth LL128 reaches there
+  (`ll128_bus_fraction`; absent: NCCL's 0.92), both fitted by `flint calibrate --network` to runs
+  on one node and applied to rings of one node;
 - `[scale_out]` (absent: one node): `nics` per node at `nic_gbps` each, a network latency
   (`latency_us`, NCCL's `latencyInter`), and `sharp` where the scale-out switches reduce (CollNet).
 
@@ -45,6 +49,8 @@ class NodeTier:
     channels: int = 16
     nvls_bus_gbps: tuple[float, ...] = ()
     nvls_latency_us: float = 0.0
+    ring_simple_hop_us: float | None = None
+    ll128_bus_fraction: float | None = None
     astra_sim_gbps: float = 400.0
     astra_sim_latency_ns: float = 936.25
 
@@ -114,6 +120,8 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             channels=_count(node, "channels") if "channels" in node else NodeTier.channels,
             nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
             nvls_latency_us=_number(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
+            ring_simple_hop_us=_number(node, "ring_simple_hop_us") if "ring_simple_hop_us" in node else None,
+            ll128_bus_fraction=_fraction(node, "ll128_bus_fraction") if "ll128_bus_fraction" in node else None,
             astra_sim_gbps=_number(node, "astra_sim_gbps", positive=True, default=NodeTier.astra_sim_gbps),
             astra_sim_latency_ns=_number(node, "astra_sim_latency_ns", default=NodeTier.astra_sim_latency_ns),
         )
@@ -157,6 +165,10 @@ def network_toml(network: NetworkFile, header: str) -> str:
     if node.nvls:
         lines += [f"nvls_bus_gbps = [{', '.join(f'{v:g}' for v in node.nvls_bus_gbps)}]",
                   f"nvls_latency_us = {node.nvls_latency_us:g}"]
+    if node.ring_simple_hop_us is not None:
+        lines.append(f"ring_simple_hop_us = {node.ring_simple_hop_us:g}")
+    if node.ll128_bus_fraction is not None:
+        lines.append(f"ll128_bus_fraction = {node.ll128_bus_fraction:g}")
     lines += [f"astra_sim_gbps = {node.astra_sim_gbps:g}", f"astra_sim_latency_ns = {node.astra_sim_latency_ns:g}"]
     if out is not None:
         lines += ["", "[scale_out]", f"nics = {out.nics}", f"nic_gbps = {out.nic_gbps:g}",
@@ -180,6 +192,13 @@ def _number(table: dict, key: str, positive: bool = False, default: float | None
     if value < 0 or (positive and value == 0):
         raise ValueError(f"{key} is {value!r}, not {'positive' if positive else 'at least 0'}")
     return float(value)
+
+
+def _fraction(table: dict, key: str) -> float:
+    value = _number(table, key, positive=True)
+    if value > 1:
+        raise ValueError(f"{key} is {value!r}, not a fraction (0 to 1)")
+    return value
 
 
 def _numbers(table: dict, key: str) -> list[float]:
