@@ -33,8 +33,8 @@ so nccl-tests' bus bandwidth of a ring is B. f is NCCL's 0.92, or on one node th
 `ll128_bus_fraction` where a fit to measured collectives gives one.
 
 **Latencies** (base[a][p] + hops; intra = hwLat[nvlink or pci][a][p], or for a Simple ring on
-one node the network's `ring_simple_hop_us` where a fit gives one; inter = hwLat[net][a][p] + latencyInter,
-twice latencyInter for Simple, and the Tree's hwLat with one GPU per node):
+one node the network's `ring_simple_hop_us` where a fit gives one; inter = hwLat[net][a][p] +
+latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU per node):
 
 - Ring: base + (steps - inter steps) x max(intra, net overhead (x3 for Simple) across nodes) +
   inter steps x inter, with inter steps 2(nodes-1) for an all-reduce, nodes-1 otherwise; a
