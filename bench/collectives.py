@@ -76,12 +76,10 @@ def run_beside(run: NcclTestsRun, network, ranks: int | None = None, nodes: int 
 
 def curve_run(entry: dict) -> NcclTestsRun:
     """A published table of bus bandwidths by size (`bus_bandwidths.toml`) as the run it measures."""
-    comm_type = COLLECTIVES[entry["collective"]]
-    n = entry["ranks"]
-    factor = 2 * (n - 1) / n if comm_type == pb.ALL_REDUCE else (n - 1) / n
+    factor = bus_factor(COLLECTIVES[entry["collective"]], entry["ranks"])
     rows = tuple(Measurement(entry["first_bytes"] << i, (entry["first_bytes"] << i) * factor / (busbw * 1e3))
                  for i, busbw in enumerate(entry["busbw"]))
-    return NcclTestsRun(Path(entry["name"]), entry["collective"], n, entry["nodes"], rows)
+    return NcclTestsRun(Path(entry["name"]), entry["collective"], entry["ranks"], entry["nodes"], rows)
 
 
 def h100_all_reduce(folder: Path) -> NcclTestsRun:
@@ -96,10 +94,14 @@ def h100_all_reduce(folder: Path) -> NcclTestsRun:
     return run
 
 
+def bus_factor(comm_type: int, n: int) -> float:
+    """nccl-tests' bus bandwidth over its algorithm bandwidth for a collective over `n` ranks."""
+    return 2 * (n - 1) / n if comm_type == pb.ALL_REDUCE else (n - 1) / n
+
+
 def bus_bandwidth(comm_type: int, total: int, micros: float, n: int) -> float:
     """nccl-tests' bus bandwidth (GB/s) of `total` bytes in `micros` over `n` ranks."""
-    factor = 2 * (n - 1) / n if comm_type == pb.ALL_REDUCE else (n - 1) / n
-    return total / (micros * 1e-6) / GB * factor
+    return total / (micros * 1e-6) / GB * bus_factor(comm_type, n)
 
 
 def published(network_name: str = "hgx") -> None:
