@@ -10,6 +10,7 @@ on a ring of 300 GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple laten
 from __future__ import annotations
 
 import json
+from importlib import resources
 
 import pytest
 from conftest import flint
@@ -122,3 +123,32 @@ def test_a_slow_ring_step_and_ll128_share_are_recovered_on_one_node(tmp_path):
     written = load_network_file(tmp_path / "f.toml")
     assert written.node.ring_simple_hop_us == pytest.approx(12, abs=0.05)
     assert written.node.ll128_bus_fraction == pytest.approx(0.45, abs=0.005)
+
+
+def test_an_ll128_share_the_sizes_only_bound_is_kept_where_the_files_own_would_win(tmp_path):
+    """The same node with LL128 at 0.2 of the bus, which loses at every size: LL (15 + S / 50.1 x
+    10^3 µs) to 8 MiB, Simple (176.4 + S / 134.3 x 10^3) from 16 MiB; LL128 takes 40.6 + S / 26.9
+    x 10^3, at 4 MiB 196.7 against LL's 98.7. At the share of a file without one, NCCL's 0.92
+    (S / 123.5 x 10^3), LL128 would win from 4 MiB (74.6 µs) to 128 MiB: so the fitted share is
+    written, and the file times every size as measured."""
+    def fastest(size: int) -> float:
+        return min(6.6 + 14 * 0.6 + size / (87.7 * 8 / 14 * 1e3),
+                   14 + 14 * 1.9 + size / (0.2 * 235 * 8 / 14 * 1e3),
+                   8.4 + 14 * 12 + size / (235 * 8 / 14 * 1e3))
+
+    times = {2**k: fastest(2**k) for k in range(20, 31)}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    shipped = (resources.files("flint.step") / "networks" / "hgx-a100.toml").read_text()
+    base = tmp_path / "a100-nccl-ll128.toml"
+    base.write_text("\n".join(line for line in shipped.splitlines() if not line.startswith("ll128_bus_fraction")))
+    assert load_network_file(base).node.ll128_bus_fraction is None
+    run = flint("calibrate", "--network", base, measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    rows = fit["runs"][0]["rows"]
+    assert [row["protocol"] for row in rows] == ["LL"] * 4 + ["Simple"] * 7
+    for row in rows:
+        assert row["modelled_us"] == pytest.approx(row["measured_us"], rel=0.01)
+    share = fit["fitted"]["node.ll128_bus_fraction"]
+    assert share < 0.92
+    assert load_network_file(tmp_path / "f.toml").node.ll128_bus_fraction == pytest.approx(share)

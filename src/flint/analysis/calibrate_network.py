@@ -11,8 +11,9 @@ its best), in turns with the bandwidth until they hold:
 - where the bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
 - where it is the ring's on one node, one step of a Simple ring (0 to 100 µs, to 0.05 µs; NCCL's
   tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches (0.05 to 1, to
-  0.01; NCCL's 0.92), the latter only where the fitted model runs LL128 at some measured size
-  (elsewhere the sizes say nothing of it).
+  0.01; NCCL's 0.92). Where the fitted model runs LL128 at no measured size, the sizes say only
+  that LL128 loses there: the file keeps its own share if LL128 loses with it too, else the
+  fitted one.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
@@ -138,8 +139,10 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
             if values == previous:
                 break
         if LL128_FRACTION.key in values and not _runs(network, measured, "LL128"):
-            network = _set(network, LL128_FRACTION.key, _get(base, LL128_FRACTION.key))
-            del values[LL128_FRACTION.key]
+            restored = _set(network, LL128_FRACTION.key, _get(base, LL128_FRACTION.key))
+            if not _runs(restored, measured, "LL128"):  # else the file's share would mis-time sizes
+                network = restored
+                del values[LL128_FRACTION.key]
         for shape in shapes:
             if shape.key in values:
                 fitted[shape.key] = values[shape.key]
