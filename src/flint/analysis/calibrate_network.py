@@ -11,9 +11,12 @@ its best), in turns with the bandwidth until they hold:
 - where the bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
 - where it is the ring's on one node, one step of a Simple ring (0 to 100 µs, to 0.05 µs; NCCL's
   tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches (0.05 to 1, to
-  0.01; NCCL's 0.92). Where the fitted model runs LL128 at no measured size, the sizes say only
-  that LL128 loses there: the file keeps its own share if LL128 loses with it too, else the
-  fitted one.
+  0.01; NCCL's 0.92).
+
+A number the sizes leave loose (a step either way fits them as well: LL128's share where LL128
+loses at every size) keeps the file's own value where that fits as well, and is not reported as
+fitted. A run whose largest size does not depend on its bandwidth (an LL ring at its cap) cannot
+fit it, and is refused.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
@@ -138,11 +141,13 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
             network = _fit_bandwidth(network, parameter, measured)
             if values == previous:
                 break
-        if LL128_FRACTION.key in values and not _runs(network, measured, "LL128"):
-            restored = _set(network, LL128_FRACTION.key, _get(base, LL128_FRACTION.key))
-            if not _runs(restored, measured, "LL128"):  # else the file's share would mis-time sizes
-                network = restored
-                del values[LL128_FRACTION.key]
+        _check_measured(network, parameter, measured)
+        for shape in shapes:
+            if _unsettled(network, shape, values[shape.key], measured):
+                kept = _set(network, shape.key, _get(base, shape.key))
+                if _misfit(kept, measured) <= _misfit(network, measured):
+                    network = kept
+                    del values[shape.key]
         for shape in shapes:
             if shape.key in values:
                 fitted[shape.key] = values[shape.key]
@@ -170,10 +175,28 @@ def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTest
     return min((v for v in candidates if shape.low <= v <= shape.high), key=misfit)
 
 
-def _runs(network: NetworkFile, runs: Sequence[tuple[NcclTestsRun, Placement]], protocol: str) -> bool:
-    """Whether the model of `network` runs `protocol` at any of the runs' sizes."""
-    return any(modelled(network, run.comm_type, row.size, placement).protocol == protocol
-               for run, placement in runs for row in run.rows)
+def _unsettled(network: NetworkFile, shape: Shape, value: float, runs: Sequence[tuple[NcclTestsRun, Placement]]
+               ) -> bool:
+    """Whether the sizes leave `value` loose: a fine step to either side (within the range) fits
+    them exactly as well, so they bound the number at most, as LL128's share where LL128 loses
+    at every size."""
+    misfit = _misfit(_set(network, shape.key, value), runs)
+    steps = (round(value + step, 6) for step in (-shape.fine, shape.fine))
+    return any(_misfit(_set(network, shape.key, v), runs) == misfit for v in steps if shape.low <= v <= shape.high)
+
+
+def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> None:
+    """Each run's largest size must take longer with less of `parameter` and less with more: else
+    it does not measure the number (an LL ring at its cap, below the bus bandwidth), and any
+    value past a bound would fit it."""
+    for run, placement in runs:
+        largest = max(run.rows, key=lambda row: row.size)
+        time, value = _timer(network, parameter, run.comm_type, largest.size, placement), _get(network, parameter)
+        if not time(value * 0.99) > time(value) > time(value * 1.01):
+            choice = modelled(network, run.comm_type, largest.size, placement)
+            raise FlintError(f"{run.path}: at its largest size ({largest.size:,} bytes) NCCL's model runs "
+                             f"{choice.algorithm} {choice.protocol}, whose time does not depend on {parameter}: "
+                             "give a run that reaches larger sizes (nccl-tests -e 8G)")
 
 
 def _parameter(network: NetworkFile, run: NcclTestsRun, placement: Placement) -> str:
