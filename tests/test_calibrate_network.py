@@ -111,19 +111,21 @@ def test_a_latency_beyond_the_range_tried_is_said(tmp_path):
     assert text.returncode == 0 and "node.nvls_latency_us ended at the end of the range tried (2000)" in text.stdout
 
 
+def slow_a100_ring(ll128_share: float) -> dict[int, float]:
+    """1 MiB to 1 GiB all-reduced on 8 A100s by the fastest of LL, LL128 at `ll128_share` of the bus
+    and Simple (see the test below)."""
+    return {2**k: min(6.6 + 14 * 0.6 + 2**k / (87.7 * 8 / 14 * 1e3),
+                      14 + 14 * 1.9 + 2**k / (ll128_share * 235 * 8 / 14 * 1e3),
+                      8.4 + 14 * 12 + 2**k / (235 * 8 / 14 * 1e3)) for k in range(20, 31)}
+
+
 def test_a_slow_ring_step_and_ll128_share_are_recovered_on_one_node(tmp_path):
     """An 8-GPU A100 node whose rings run slower than NCCL's constants: 235 GB/s bus, 12 µs a
     Simple step, LL128 at 0.45 of the bus. Each size takes the fastest of (NCCL's Ampere constants)
     LL: 6.6 + 14 x 0.6 + S / (87.7 x 8 / 14 x 10^3); LL128: 14 + 14 x 1.9 + S / (0.45 x 235 x 8 / 14
     x 10^3); Simple: 8.4 + 14 x 12 + S / (235 x 8 / 14 x 10^3): LL to 4 MiB, LL128 at 8 MiB, Simple
     from 16 MiB."""
-    def fastest(size: int) -> float:
-        return min(6.6 + 14 * 0.6 + size / (87.7 * 8 / 14 * 1e3),
-                   14 + 14 * 1.9 + size / (0.45 * 235 * 8 / 14 * 1e3),
-                   8.4 + 14 * 12 + size / (235 * 8 / 14 * 1e3))
-
-    times = {2**k: fastest(2**k) for k in range(20, 31)}
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", slow_a100_ring(0.45))
     run = flint("calibrate", "--network", "hgx-a100", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
     fit = json.loads(run.stdout)
@@ -143,13 +145,7 @@ def test_an_ll128_share_the_sizes_only_bound_is_kept_where_the_files_own_would_w
     x 10^3, at 4 MiB 196.7 against LL's 98.7. At the share of a file without one, NCCL's 0.92
     (S / 123.5 x 10^3), LL128 would win from 4 MiB (74.6 µs) to 128 MiB: so the fitted share is
     written, and the file times every size as measured."""
-    def fastest(size: int) -> float:
-        return min(6.6 + 14 * 0.6 + size / (87.7 * 8 / 14 * 1e3),
-                   14 + 14 * 1.9 + size / (0.2 * 235 * 8 / 14 * 1e3),
-                   8.4 + 14 * 12 + size / (235 * 8 / 14 * 1e3))
-
-    times = {2**k: fastest(2**k) for k in range(20, 31)}
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", slow_a100_ring(0.2))
     shipped = (resources.files("flint.step") / "networks" / "hgx-a100.toml").read_text()
     base = tmp_path / "a100-nccl-ll128.toml"
     base.write_text("\n".join(line for line in shipped.splitlines() if not line.startswith("ll128_bus_fraction")))
