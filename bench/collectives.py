@@ -24,10 +24,10 @@
 4. Thirteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
    one to 128 nodes of 8 H100, two nodes of 8 A100, one, two and twenty GB200 NVL72 racks) and
    four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
-   H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted: one line per size, then
-   each run's worst and median ratio by size band and its largest size's bus bandwidth; then,
-   where two or more published runs share a placement (those of 1. and 3. among them), the range
-   they span at each size and where Flint falls in it.
+   H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted:
+   one line per size, then each run's worst and median ratio by size band and its largest size's
+   bus bandwidth; then, where two or more published runs share a placement (those of 1. and 3.
+   among them), the range they span at each size and where Flint falls in it.
 5. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 

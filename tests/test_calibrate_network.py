@@ -77,7 +77,6 @@ def test_a_malformed_file_is_one_line(tmp_path):
     assert run.returncode == 2 and "give --ranks" in run.stderr and not (tmp_path / "f.toml").exists()
 
 
-
 def test_a_run_that_does_not_reach_its_bandwidth_is_refused(tmp_path):
     """An 8-GPU A100 node measured from 8 B to 64 KiB: every size runs Ring LL, 6.6 + 14 x 0.6 + S /
     (87.7 x 8 / 14 x 10^3) µs at NCCL's Ampere cap of 87.7 GB/s, as any bus bandwidth from twice
@@ -88,6 +87,7 @@ def test_a_run_that_does_not_reach_its_bandwidth_is_refused(tmp_path):
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "(65,536 bytes) NCCL's model runs Ring LL, whose time does not depend on node.bus_gbps" in run.stderr
     assert not (tmp_path / "f.toml").exists()
+
 
 def test_a_latency_of_hundreds_of_microseconds_is_recovered(tmp_path):
     # 350 µs before 400 GB/s, the order of what 72 GPUs' NVLS measures in a published rack; from
