@@ -143,7 +143,7 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
                 break
         _check_measured(network, parameter, measured)
         for shape in shapes:
-            if _unsettled(network, shape, values[shape.key], measured):
+            if _unsettled(network, shape, measured):
                 kept = _set(network, shape.key, _get(base, shape.key))
                 if _misfit(kept, measured) <= _misfit(network, measured):
                     network = kept
@@ -175,12 +175,11 @@ def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTest
     return min((v for v in candidates if shape.low <= v <= shape.high), key=misfit)
 
 
-def _unsettled(network: NetworkFile, shape: Shape, value: float, runs: Sequence[tuple[NcclTestsRun, Placement]]
-               ) -> bool:
-    """Whether the sizes leave `value` loose: a fine step to either side (within the range) fits
-    them exactly as well, so they bound the number at most, as LL128's share where LL128 loses
-    at every size."""
-    misfit = _misfit(_set(network, shape.key, value), runs)
+def _unsettled(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> bool:
+    """Whether the sizes leave `network`'s value of `shape` loose: a fine step to either side
+    (within the range) fits them exactly as well, so they bound the number at most, as LL128's
+    share where LL128 loses at every size."""
+    value, misfit = _get(network, shape.key), _misfit(network, runs)
     steps = (round(value + step, 6) for step in (-shape.fine, shape.fine))
     return any(_misfit(_set(network, shape.key, v), runs) == misfit for v in steps if shape.low <= v <= shape.high)
 
@@ -190,7 +189,7 @@ def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[tuple[N
     it does not measure the number (an LL ring at its cap, below the bus bandwidth), and any
     value past a bound would fit it."""
     for run, placement in runs:
-        largest = max(run.rows, key=lambda row: row.size)
+        largest = run.largest
         time, value = _timer(network, parameter, run.comm_type, largest.size, placement), _get(network, parameter)
         if not time(value * 0.99) > time(value) > time(value * 1.01):
             choice = modelled(network, run.comm_type, largest.size, placement)
@@ -201,8 +200,7 @@ def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[tuple[N
 
 def _parameter(network: NetworkFile, run: NcclTestsRun, placement: Placement) -> str:
     """Which number a run's largest size measures."""
-    largest = max(run.rows, key=lambda row: row.size)
-    choice = modelled(network, run.comm_type, largest.size, placement)
+    choice = modelled(network, run.comm_type, run.largest.size, placement)
     if placement.nodes > 1:
         if network.scale_out is None:
             raise FlintError(f"{run.path} ran on {placement.nodes} nodes and network {network.name} has one: "
@@ -220,7 +218,7 @@ def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[tuple[Nc
     measured time (bisection: the time falls as the bandwidth grows)."""
     values = []
     for run, placement in runs:
-        largest = max(run.rows, key=lambda row: row.size)
+        largest = run.largest
         time = _timer(network, parameter, run.comm_type, largest.size, placement)
         low, high = 1e-3, 1e5
         for _ in range(100):

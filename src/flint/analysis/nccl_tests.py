@@ -49,6 +49,11 @@ class NcclTestsRun:
     def comm_type(self) -> int:
         return COLLECTIVES[self.collective]
 
+    @property
+    def largest(self) -> Measurement:
+        """The row of the largest size: the one that measures a bandwidth."""
+        return max(self.rows, key=lambda row: row.size)
+
 
 def read_nccl_tests(path: Path) -> NcclTestsRun:
     """One nccl-tests output file; one line saying what is wrong where it is not one."""
