@@ -348,6 +348,20 @@ def test_schedule_becomes_control_dependencies_that_let_async_work_overlap():
     }
 
 
+def test_data_edges_carry_each_value_once_in_the_type_its_reader_sees():
+    """The multiply reads the negate's f32[16,4] twice (one value, 256 bytes); the exponential
+    reads it through a free reshape, as f32[64]."""
+    entry = (
+        "  p = f32[16,4] parameter(0)\n  n = f32[16,4] negate(p)\n  m = f32[16,4] multiply(n, n)\n"
+        "  r = f32[64] reshape(n)\n  x = f32[64] exponential(r)\n"
+        "  ROOT t = (f32[16,4], f32[64]) tuple(m, x)"
+    )
+    graph = graph_of(entry)
+    assert [data["op"] for _, data in graph.nodes()] == ["negate", "multiply", "exponential"]
+    carried = {(u, v): [(t.shape, t.nbytes) for _, t in values] for u, v, values in graph.graph.edges(data="values")}
+    assert carried == {(0, 1): [((16, 4), 256)], (0, 2): [((64,), 256)]}
+
+
 def test_unscheduled_graph_has_data_edges_only():
     entry = "  q = f32[16] parameter(0)\n  n = f32[16] negate(q)\n  ROOT e = f32[16] exponential(q)"
     assert list(graph_of(entry).graph.edges) == []

@@ -20,7 +20,9 @@ Control flow is resolved while building, so the graph is straight-line code:
 - an all-reduce whose only use is each rank's own piece of the sum becomes the reduce-scatter the
   GPU and TPU compilers make of it (`flint.graph.reduce_scatter`).
 
-Edges are data dependencies. When the program is the compiler's schedule (the optimised module),
+Edges are data dependencies, each with the values it carries (`values`: (SSA id, type) pairs), so
+a later stage can tell what one part of the step hands another (pipelining sums the gradients a
+backward hands the update). When the program is the compiler's schedule (the optimised module),
 edges marked `ctrl=True` add the schedule's order: each node follows the one scheduled before it,
 except that work after an async start does not wait for the collective until its done.
 
@@ -49,7 +51,7 @@ from flint.graph.reduce_scatter import ReduceScatter, reduce_scatters
 from flint.ir.costs import COLLECTIVE, FREE, cost_of, kernel_of
 from flint.ir.folding import Value, fold
 from flint.ir.loops import trip_count
-from flint.ir.parse import CONTROL_FLOW, Op, Program, Region
+from flint.ir.parse import CONTROL_FLOW, Op, Program, Region, TensorType
 from flint.mesh import MeshSpec
 
 
@@ -175,8 +177,12 @@ class _Builder:
     def wire(self, op: Op, node: int) -> frozenset[int]:
         """Make `node` read `op`'s operands and stand for its results; the nodes it now follows."""
         data = self.deps(op.operands)
+        carried: dict[int, list[tuple[int, TensorType]]] = {}  # producer -> the values it hands over
+        for value, kind in dict(zip(op.operands, op.operand_types)).items():
+            for dep in self.producers.get(value, ()):
+                carried.setdefault(dep, []).append((value, kind))
         for dep in sorted(data):
-            self.graph.add_edge(dep, node)
+            self.graph.add_edge(dep, node, values=tuple(carried[dep]))
         for value in op.results:
             self.producers[value] = frozenset((node,))
         read = self.read(op.operands)
