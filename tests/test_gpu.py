@@ -231,6 +231,15 @@ def test_xla_durations_need_the_gpu_compiler(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_xla_durations_are_refused_for_a_pipelined_step(tmp_path):
+    """XLA has no estimate for the adds that sum gradients over microbatches, which it never compiled."""
+    run = flint("extract", EXAMPLES / "gpt.py", "--mesh", "pp=2,data=2", "--backend", "gpu:h100",
+                "--pipeline-stages", "2", "--microbatches", "2", "--durations", "xla", "-o", tmp_path / "x")
+    assert run.returncode == 2 and "--durations calibrated" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
 gpt = load_example("gpt")
 FSDP_DP, FSDP_TP = 4, 2
 MATRICES = ("wq", "wk", "wv", "wo", "w_in", "w_out")

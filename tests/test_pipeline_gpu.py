@@ -223,6 +223,26 @@ def test_gradient_syncs_run_once_per_step_before_the_update(kernels):
             assert found[B_(m), "tensor", ACTIVATION] == 2 * (L // S), rank
 
 
+def test_every_backward_but_the_first_sums_the_gradients_it_syncs(kernels):
+    """A step sums each weight gradient over its microbatches before syncing it once: every
+    backward after a chunk's first adds what it hands the update's syncs to the sum, reading both
+    and writing the sum (3 x its bytes, one add per element). Those are the buffers the compiler's
+    combiner joins: each layer's six matrix gradients, and on the first stage the embedding's and
+    the head's (bf16 [V / tp, D] each) in one. The layer norms' small f32 gradients come out of a
+    kernel that also writes synced ones, so they are not summed."""
+    embedding_and_head = 2 * (V // TP) * D * 2
+    for rank in range(RANKS):
+        first = rank < 4
+        expected = [MATRIX_GRADIENTS] * (L // S) + [embedding_and_head] * first
+        for m in range(M):
+            adds = [node for node in rank_trace(kernels[0], rank).nodes
+                    if unit_of(node) == B_(m) and attr_value(node, "op") == "accumulate"]
+            sizes = sorted(attr_value(node, "tensor_size") // 3 for node in adds)
+            assert sizes == (sorted(expected) if m > 0 else []), (rank, m)
+            assert all(attr_value(node, "tensor_size") == 3 * 2 * attr_value(node, "num_ops")
+                       for node in adds)
+
+
 def units_in_ctrl_order(trace) -> list[str]:
     """The units of a rank in the order their start nodes chain them: every control edge between
     two units leads to a unit's start node (op `unit_start`); the compiler's schedule stays inside

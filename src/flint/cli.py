@@ -240,7 +240,8 @@ def _model_arg_option(command):
 @click.option("--durations", type=click.Choice(DURATIONS),
               help="Kernel times for duration_micros: calibrated (the --device's kernel model: GEMM "
                    "throughput by shape, achievable bandwidth, a cost per kernel), roofline (its "
-                   "peaks), or xla (the GPU compiler's own estimates, with --backend gpu) "
+                   "peaks), or xla (the GPU compiler's own estimates, with --backend gpu; not "
+                   "with --pipeline-stages) "
                    "[default: calibrated on gpu backends, else roofline].")
 @click.option("--backend", "backend_spec", default=DEFAULT_BACKEND, show_default=True, metavar="BACKEND",
               help="Virtual devices: gpu:h100|h200|a100|b200|FILE (XLA's GPU compiler, any count), "

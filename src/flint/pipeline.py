@@ -338,6 +338,11 @@ def _stages(
                 "--pipeline-stages reads the CPU or GPU compiler's module: use --backend cpu or "
                 "gpu:<gpu>"
             )
+        if request.durations == "xla":
+            raise FlintError(
+                "--durations xla times the kernels XLA compiled, and a pipelined step adds one it did "
+                "not (the sum of each weight gradient over microbatches): use --durations calibrated"
+            )
         compiled_mesh = stage_mesh(request.mesh, request.pipeline.stage_axis(request.mesh))
     mesh = make_virtual_mesh(compiled_mesh, request.backend)
     workload, layout = apply_layout(load_workload(request.model, mesh, dict(request.model_args)), mesh, request.layout)

@@ -18,7 +18,6 @@ from flint.emit.durations import RunningMicros
 from flint.emit.plan import COLLECTIVE, COMM_TYPE, COMPUTE, SEND, Planned, TracePlan
 from flint.emit.summary import RankTotals, TotalsCounter
 from flint.emit.template import GroupSlot, PeerSlot, RankTemplate
-from flint.pipelining.compose import UNIT_START
 from flint.schema import et_def_pb2 as pb
 from flint.trace.framing import encode_delimited
 from flint.trace.timing import Link
@@ -102,8 +101,8 @@ class NodeMessages:
     def micros(self, data: dict) -> float:
         """The node's exact time: XLA's estimate for its instruction under `--durations xla`
         (the pipeline makes sure every kernel has one), else the device's kernel model."""
-        if self.durations == "xla":  # a pipelined unit's start node computes nothing, and has none
-            return 0.0 if data["op"] == UNIT_START else self.estimates[data["instruction"]]
+        if self.durations == "xla":
+            return self.estimates[data["instruction"]]
         return kernel_micros(self.device, self.durations, data["flops"], data["bytes"], data.get("gemm"),
                              data.get("kernel"))
 

@@ -24,6 +24,11 @@ from flint.emit.plan import COLLECTIVE, RECV, SEND, Planned, planned_compute
 from flint.pipelining.compose import UNIT_START, PipelinedStep, Transfer, Unit
 from flint.pipelining.schedules import BACKWARD
 
+ACCUMULATE = "accumulate"
+"""The `op` of the node that adds a backward's weight gradient to the earlier microbatches' sum."""
+ELEMENTWISE = "fusion"
+"""The kernel kind of an element-wise kernel (`flint.ir.costs.kernel_of`)."""
+
 UNIT_START_DATA = {"op": UNIT_START, "kind": "compute", "flops": 0, "transcendentals": 0, "bytes": 0}
 """A unit's start node does nothing (one FLOP, one byte: a simulator's roofline gives it no time)."""
 
@@ -160,18 +165,42 @@ class _StageFile:
             yield from self.copies(index, unit, unit.syncs, context, first, entry, followed)
             entry = tuple(i for n in unit.syncs for i in context[self.region_of[n]][n])  # then the update
         yield from self.copies(index, unit, self.nodes_of(unit.regions), context, first, entry, followed)
-        self.ends = [n for n in range(first, self.next_id) if n not in followed]
+        sources: set[int] = set()
         if unit.sends is not None:
             regions = self.step.regions
-            sources = set()
             for node in regions.sends_backward if unit.sends.key[0] == BACKWARD else regions.sends_forward:
                 sources.update(context[self.region_of[node]].get(node, ()))
+        if unit.accumulates:
+            yield from self.accumulate(unit, context, followed)
+        self.ends = [n for n in range(first, self.next_id) if n not in followed]
+        if unit.sends is not None:
             yield self.transfer_node(SEND, unit.sends, tuple(sorted(sources)))
         if unit.work is not None:
             if unit.reads is not None and unit.reads in self.contexts:
                 del self.contexts[unit.reads]  # a forward's copies are read by its backward only
             if unit.work.kind != BACKWARD or unit.work.microbatch == self.step.request.microbatches - 1:
                 self.contexts[unit.work] = context
+
+    def accumulate(self, unit: Unit, context: dict, followed: set[int]) -> Iterator[Planned]:
+        """Add each weight gradient the backward computed to the sum of the chunk's earlier
+        microbatches (read, read, write: one element-wise kernel); the update reads the sum."""
+        for node, types in self.step.regions.accumulated.items():
+            region = self.region_of[node]
+            if region not in unit.regions:
+                continue
+            copied = context[region][node]
+            planned = planned_compute(self.take_id(), copied, (), self.accumulate_data(node, types),
+                                      f"{unit.label} accumulate {self.piece.nodes[node]['name']}")
+            yield planned
+            followed.update(copied)
+            context[region][node] = (planned.id,)
+
+    def accumulate_data(self, node: int, types: tuple) -> dict:
+        data = {"op": ACCUMULATE, "kind": "compute", "flops": sum(t.elements for t in types),
+                "transcendentals": 0, "bytes": 3 * sum(t.nbytes for t in types)}
+        if "kernel" in self.piece.nodes[node]:
+            data["kernel"] = ELEMENTWISE
+        return data
 
     def copies(self, index: int, unit: Unit, nodes: Sequence[int], context: dict, first: int,
                entry: tuple[int, ...], followed: set[int]) -> Iterator[Planned]:

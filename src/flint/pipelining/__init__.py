@@ -62,8 +62,17 @@ so the drain paid every stage's syncs in turn: on Megatron-LM's 530B GPT run 1F1
 M = 280, 9-way data parallel) the first stage idled 14.1 s of a 59.8 s step, and idles 5.3 s of
 51.0 s with the syncs in the update, about its bubble of S - 1 microbatches (5.5 s).
 
-Approximate, and said so in the README:
-- the adds that accumulate weight gradients over microbatches are not modelled;
+Gradient sums: what a B unit hands its update (through a sync or directly) is summed over the
+microbatches, in the type the compiler gives it (`Regions.accumulated`). Every B of a chunk but its
+first ends with one element-wise kernel per such buffer (`B3.0 accumulate <name>`, op `accumulate`)
+that reads the sum and the new gradient and writes the sum: 3 times its bytes, one add per
+element. The update reads the last B's sums; the gradient sent back does not wait for them.
+Megatron-LM's PyTorch does the same, an `AccumulateGrad` add per parameter and microbatch. The
+compiler never compiled these adds, so `--durations xla` refuses a pipelined step.
+
+Approximate:
+- a buffer written by a kernel that also writes a synced one (the compiler fuses the layer
+  norms' small gradients with the slices of a combined sync) counts as synced, so it is not summed;
 - the optimizer's elementwise work on a gradient alone, before it meets the optimizer state
   (AdamW's g² and (1 - β)·g), runs with every backward; its step-count scalars repeat for every
   chunk;

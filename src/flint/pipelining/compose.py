@@ -75,7 +75,8 @@ class Unit:
     for (the embedding's output for a forward, the head's backward for a backward); `skip` the
     piece nodes not run in this copy (a backward's gradient syncs), which stand for their own
     inputs; `syncs` the gradient syncs an update runs before its regions (see
-    `PipelinedStep.units`)."""
+    `PipelinedStep.units`); `accumulates` whether a backward adds its weight gradients to those of
+    the chunk's earlier microbatches (every backward but the chunk's first)."""
 
     label: str
     regions: tuple[str, ...]
@@ -86,6 +87,7 @@ class Unit:
     skip: frozenset[int] = frozenset()
     work: Work | None = None
     syncs: tuple[int, ...] = ()
+    accumulates: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class PipelinedStep:
         M, V = self.request.microbatches, self.request.virtual_stages
         last = self.last_virtual
         syncs = self.regions.gradient_sync
+        backward_chunks: set[int] = set()
         for work in schedule(self.request, stage):
             v = self.virtual(stage, work)
             key = self.incoming(stage, work)
@@ -153,7 +156,9 @@ class PipelinedStep:
             else:
                 sends = self.transfer((BACKWARD, work.microbatch, v)) if v > 0 else None
                 yield Unit(work.label, self.backward_regions(v), receives, sends,
-                           Work(FORWARD, work.microbatch, work.chunk), MID, syncs, work)
+                           Work(FORWARD, work.microbatch, work.chunk), MID, syncs, work,
+                           accumulates=work.chunk in backward_chunks)
+                backward_chunks.add(work.chunk)
         for chunk in range(V):
             v = chunk * self.request.stages + stage
             regions = (POST,) + ((POST_FIRST,) if v == 0 else ()) + ((POST_LAST,) if v == last else ())

@@ -9,7 +9,7 @@ import networkx as nx
 
 from flint.errors import FlintError
 from flint.graph import WorkloadGraph
-from flint.ir.parse import FUSION, Op, Program, Region
+from flint.ir.parse import FUSION, Op, Program, Region, TensorType
 
 PRE, LOCAL, FWD, MID, BWD = "pre", "local", "fwd", "mid", "bwd"
 POST, POST_FIRST, POST_LAST = "post", "post-first", "post-last"
@@ -17,6 +17,8 @@ GRAD, GRAD_FIRST, GRAD_LAST = "grad", "grad-first", "grad-last"
 PER_MICROBATCH = {POST: GRAD, POST_FIRST: GRAD_FIRST, POST_LAST: GRAD_LAST}
 REGIONS = (PRE, LOCAL, FWD, MID, BWD, POST, POST_FIRST, POST_LAST, GRAD, GRAD_FIRST, GRAD_LAST)
 SYNCS = ("all_reduce", "reduce_scatter")
+BACKWARD_SIDE = frozenset((BWD, GRAD, GRAD_FIRST, GRAD_LAST))
+UPDATE = frozenset((POST, POST_FIRST, POST_LAST))
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,9 @@ class Regions:
 
     `sends_forward` produce the activation the forward layer loop carries out (`activation_bytes`),
     `sends_backward` the gradient the backward loop carries out (`gradient_bytes`);
-    `gradient_sync` are BWD collectives that do not lead to that gradient.
+    `gradient_sync` are BWD collectives that do not lead to that gradient; `accumulated` the
+    backward's nodes whose values the update (or a sync) reads, with the types of those values: the
+    gradients a step sums over its microbatches.
     """
 
     region_of: Mapping[int, str]
@@ -35,6 +39,7 @@ class Regions:
     activation_bytes: int
     gradient_bytes: int
     gradient_sync: frozenset[int]
+    accumulated: Mapping[int, tuple[TensorType, ...]]
 
     def nodes(self, region: str) -> list[int]:
         return sorted(n for n, r in self.region_of.items() if r == region)
@@ -200,5 +205,23 @@ def find_regions(
     }
     return Regions(
         region_of, chunk_layers, sends_forward, sends_backward, activation_bytes, gradient_bytes,
-        frozenset(sync),
+        frozenset(sync), _accumulated(g, region_of, sync),
     )
+
+
+def _accumulated(
+    graph: nx.DiGraph, region_of: Mapping[int, str], sync: set[int]
+) -> dict[int, tuple[TensorType, ...]]:
+    """The backward's nodes that hand values to the update or to a gradient sync, and the types of
+    those values (each once, however many nodes read it). A step sums a gradient before it syncs
+    it, so what follows a sync (its slices of a combined buffer) is not summed again."""
+    synced = _reach(graph, sync, forward=True) | sync
+    handed: dict[int, dict[int, TensorType]] = {}
+    for u, v, values in graph.edges(data="values"):
+        if (
+            region_of.get(u) in BACKWARD_SIDE
+            and u not in synced
+            and (region_of.get(v) in UPDATE or v in sync)
+        ):
+            handed.setdefault(u, {}).update(values)
+    return {node: tuple(types.values()) for node, types in sorted(handed.items())}
