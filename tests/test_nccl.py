@@ -17,6 +17,7 @@ import pytest
 from conftest import flint
 from test_collectives import one_collective
 
+from flint.devices import load_device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import NcclModel, Placement
@@ -199,3 +200,20 @@ def test_a_bad_network_file_is_one_line(tmp_path):
     path.write_text('name = "bad"\n[node]\ngpus = 8\nbus_gbps = 200\nll128_bus_fraction = 1.5\n')
     with pytest.raises(FlintError, match=r"is not valid: .*ll128_bus_fraction is 1.5, not a fraction"):
         network_for(str(path), [("tensor", 8)])
+
+
+@pytest.mark.parametrize("network_line, device_line, expected", [
+    ("bus_gbps = inf", "mem_bw_gbps = inf", "is inf, not a finite number above 0"),
+    ("bus_gbps = 200\nll128_bus_fraction = 1.5", "mem_bw_gbps = 100\n[calibration]\nmemory_efficiency = 1.5",
+     "is 1.5, not a fraction \\(above 0, at most 1\\)"),
+], ids=["infinite", "share-above-1"])
+def test_network_and_device_files_name_a_bad_number_alike(tmp_path, network_line, device_line, expected):
+    """One check reads the numbers of both kinds of file: each refuses TOML's `inf` as a bandwidth,
+    and a share above 1, with the same words."""
+    network, device = tmp_path / "net.toml", tmp_path / "gpu.toml"
+    network.write_text(f'name = "n"\n[node]\ngpus = 8\n{network_line}\n')
+    device.write_text(f'name = "d"\npeak_tflops = 100\n{device_line}\n')
+    with pytest.raises(FlintError, match=expected):
+        network_for(str(network), [("tensor", 8)])
+    with pytest.raises(FlintError, match=expected):
+        load_device(str(device))

@@ -1,5 +1,6 @@
-"""The one exception type the CLI turns into a one-line message, and the reading of users' TOML files
-that every command shares, so that each problem with such a file is one of those lines.
+"""The one exception type the CLI turns into a one-line message, and the reading of users' data files
+(TOML, and the numbers in device and network files) that every command shares, so that each problem
+with such a file is one of those lines.
 
 Every stage raises `FlintError` for problems the user can fix (bad flags, a broken model file, a sharding
 that does not divide); anything else is a bug and keeps its traceback under `--debug`.
@@ -7,6 +8,7 @@ that does not divide); anything else is a bug and keeps its traceback under `--d
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -25,3 +27,26 @@ def read_toml(path: Path | str, what: str) -> dict:
         raise FlintError(f"cannot read {what} {str(path)!r}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise FlintError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def number_field(table: dict, key: str, *, positive: bool = False, default: float | None = None) -> float:
+    """`table[key]` as a finite number of at least 0 (above 0 where `positive`), or `default` where
+    it is absent (None: it must be there). A TypeError or ValueError names the key and the value;
+    the caller says which file. Python's JSON reads NaN and Infinity, which would pass a sign check
+    (NaN) or reach a manifest, which JSON cannot hold (Infinity)."""
+    if key not in table and default is not None:
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{key} is {value!r}, not a number")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{key} is {value!r}, not a finite number {'above 0' if positive else 'of at least 0'}")
+    return float(value)
+
+
+def fraction_field(table: dict, key: str, *, default: float | None = None) -> float:
+    """`table[key]` as a share: above 0 and at most 1."""
+    value = number_field(table, key, default=default)
+    if not 0 < value <= 1:
+        raise ValueError(f"{key} is {value!r}, not a fraction (above 0, at most 1)")
+    return value

@@ -9,14 +9,13 @@ its calibrated times equal the roofline.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError
+from flint.errors import FlintError, fraction_field, number_field
 
 
 @dataclass(frozen=True)
@@ -133,19 +132,20 @@ def _device(data, origin: str) -> Device:
             raise ValueError(f"gemm_tile is {tile!r}, not two positive integers")
         device = Device(
             name=str(data["name"]),
-            peak_tflops=_positive(data, "peak_tflops"),
-            mem_bw_gbps=_positive(data, "mem_bw_gbps"),
-            vector_tflops=_positive(data, "vector_tflops") if data.get("vector_tflops") is not None else None,
-            compute_units=int(_positive(data, "compute_units")) if "compute_units" in data else 1,
+            peak_tflops=number_field(data, "peak_tflops", positive=True),
+            mem_bw_gbps=number_field(data, "mem_bw_gbps", positive=True),
+            vector_tflops=(number_field(data, "vector_tflops", positive=True)
+                           if data.get("vector_tflops") is not None else None),
+            compute_units=int(number_field(data, "compute_units", positive=True)) if "compute_units" in data else 1,
             calibration=Calibration(
-                gemm_efficiency=_fraction(calibration, "gemm_efficiency"),
+                gemm_efficiency=fraction_field(calibration, "gemm_efficiency", default=1.0),
                 gemm_efficiency_8bit=_optional_fraction(calibration, "gemm_efficiency_8bit"),
                 gemm_tile=(tile[0], tile[1]),
-                gemm_k_overhead=_rate(calibration, "gemm_k_overhead", 0.0),
-                memory_efficiency=_fraction(calibration, "memory_efficiency"),
+                gemm_k_overhead=number_field(calibration, "gemm_k_overhead", default=0.0),
+                memory_efficiency=fraction_field(calibration, "memory_efficiency", default=1.0),
                 transpose_efficiency=_optional_fraction(calibration, "transpose_efficiency"),
                 triton_efficiency=_optional_fraction(calibration, "triton_efficiency"),
-                kernel_overhead_us=_rate(calibration, "kernel_overhead_us", 0.0),
+                kernel_overhead_us=number_field(calibration, "kernel_overhead_us", default=0.0),
             ),
             sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
         )
@@ -157,37 +157,10 @@ def _device(data, origin: str) -> Device:
     return device
 
 
-def _rate(data: dict, key: str, default: float | None = None) -> float:
-    """`data[key]` as a finite number of at least 0. Python's JSON reads NaN and Infinity, which
-    would pass a sign check (NaN) or reach the manifest, which JSON cannot hold (Infinity)."""
-    if key not in data and default is not None:
-        return default
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{key} is {value!r}, not a number")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{key} is {value!r}, not a finite number of at least 0")
-    return float(value)
-
-
-def _positive(data: dict, key: str) -> float:
-    value = _rate(data, key)
-    if value <= 0:
-        raise ValueError(f"{key} must be positive")
-    return value
-
-
-def _fraction(data: dict, key: str) -> float:
-    value = _rate(data, key, 1.0)
-    if not 0 < value <= 1:
-        raise ValueError(f"{key} is {value!r}, not in (0, 1]")
-    return value
-
-
 def _optional_fraction(data: dict, key: str) -> float | None:
     """`data[key]` as a fraction, or None where it is absent: that kind of kernel is timed at
     `memory_efficiency`."""
-    return _fraction(data, key) if data.get(key) is not None else None
+    return fraction_field(data, key) if data.get(key) is not None else None
 
 
 BUILTIN: dict[str, Device] = _builtin()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, read_toml
+from flint.errors import FlintError, fraction_field, number_field, read_toml
 
 FOLDER = "networks"
 CONSTANTS = "nccl.toml"
@@ -116,14 +116,14 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
         tier = NodeTier(
             gpus=_count(node, "gpus") if "gpus" in node else None,
             link=_choice(node, "link", LINKS, "nvlink"),
-            bus_gbps=_number(node, "bus_gbps", positive=True),
+            bus_gbps=number_field(node, "bus_gbps", positive=True),
             channels=_count(node, "channels") if "channels" in node else NodeTier.channels,
             nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
-            nvls_latency_us=_number(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
-            ring_simple_hop_us=_number(node, "ring_simple_hop_us") if "ring_simple_hop_us" in node else None,
-            ll128_bus_fraction=_fraction(node, "ll128_bus_fraction") if "ll128_bus_fraction" in node else None,
-            astra_sim_gbps=_number(node, "astra_sim_gbps", positive=True, default=NodeTier.astra_sim_gbps),
-            astra_sim_latency_ns=_number(node, "astra_sim_latency_ns", default=NodeTier.astra_sim_latency_ns),
+            nvls_latency_us=number_field(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
+            ring_simple_hop_us=number_field(node, "ring_simple_hop_us") if "ring_simple_hop_us" in node else None,
+            ll128_bus_fraction=fraction_field(node, "ll128_bus_fraction") if "ll128_bus_fraction" in node else None,
+            astra_sim_gbps=number_field(node, "astra_sim_gbps", positive=True, default=NodeTier.astra_sim_gbps),
+            astra_sim_latency_ns=number_field(node, "astra_sim_latency_ns", default=NodeTier.astra_sim_latency_ns),
         )
         out = data.get("scale_out")
         scale_out = None
@@ -132,11 +132,11 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
                 raise TypeError("scale_out is not a table")
             scale_out = ScaleOut(
                 nics=_count(out, "nics"),
-                nic_gbps=_number(out, "nic_gbps", positive=True),
-                latency_us=_number(out, "latency_us", default=ScaleOut.latency_us),
+                nic_gbps=number_field(out, "nic_gbps", positive=True),
+                latency_us=number_field(out, "latency_us", default=ScaleOut.latency_us),
                 sharp=bool(out.get("sharp", ScaleOut.sharp)),
-                astra_sim_gbps=_number(out, "astra_sim_gbps", positive=True, default=ScaleOut.astra_sim_gbps),
-                astra_sim_latency_ns=_number(out, "astra_sim_latency_ns", default=ScaleOut.astra_sim_latency_ns),
+                astra_sim_gbps=number_field(out, "astra_sim_gbps", positive=True, default=ScaleOut.astra_sim_gbps),
+                astra_sim_latency_ns=number_field(out, "astra_sim_latency_ns", default=ScaleOut.astra_sim_latency_ns),
             )
         if tier.gpus is None and scale_out is not None:
             raise ValueError("a [scale_out] needs node.gpus: how many GPUs share a node")
@@ -183,29 +183,11 @@ def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _number(table: dict, key: str, positive: bool = False, default: float | None = None) -> float:
-    if key not in table and default is not None:
-        return default
-    value = table[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{key} is {value!r}, not a number")
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{key} is {value!r}, not {'positive' if positive else 'at least 0'}")
-    return float(value)
-
-
-def _fraction(table: dict, key: str) -> float:
-    value = _number(table, key, positive=True)
-    if value > 1:
-        raise ValueError(f"{key} is {value!r}, not a fraction (0 to 1)")
-    return value
-
-
 def _numbers(table: dict, key: str) -> list[float]:
     values = table.get(key, [])
     if not isinstance(values, list):
         raise TypeError(f"{key} is {values!r}, not a list of numbers")
-    return [_number({key: v}, key, positive=True) for v in values]
+    return [number_field({key: v}, key, positive=True) for v in values]
 
 
 def _count(table: dict, key: str) -> int:
