@@ -243,6 +243,23 @@ def test_every_backward_but_the_first_sums_the_gradients_it_syncs(kernels):
                        for node in adds)
 
 
+def test_before_fusion_every_parameter_s_gradient_is_summed(partitioned):
+    """On the partitioned stage nothing is fused, so each parameter's gradient is summed on its
+    own: one add per element of every parameter the stage's rank holds. Per layer the four
+    attention matrices (D x D / tp each), the MLP's two (D x F / tp) and the layer norms' four
+    vectors (D each, not split); the embedding on the first stage, the head (V / tp x D each) and
+    the final layer norm's two vectors on the last. The optimizer's broadcast constants, which run
+    with every backward too, are not gradients and are not summed."""
+    layer = 4 * D * (D // TP) + 2 * D * (F // TP) + 4 * D
+    for rank in range(RANKS):
+        first, last = rank < 4, rank >= 4
+        expected = (L // S) * layer + first * (V // TP) * D + last * ((V // TP) * D + 2 * D)
+        for m in range(M):
+            adds = [attr_value(node, "num_ops") for node in rank_trace(partitioned[0], rank).nodes
+                    if unit_of(node) == B_(m) and attr_value(node, "op") == "accumulate"]
+            assert sum(adds) == (expected if m > 0 else 0), (rank, m)
+
+
 def units_in_ctrl_order(trace) -> list[str]:
     """The units of a rank in the order their start nodes chain them: every control edge between
     two units leads to a unit's start node (op `unit_start`); the compiler's schedule stays inside

@@ -1,8 +1,8 @@
 """A pipelined step's files, planned from a piece written by hand: no JAX, every node known.
 
 The piece runs on a stage mesh of 2 ranks (q = 0, 1): an embedding (PRE), a layer and an open-chain
-shift from q = 0 to q = 1 with a node after it (FWD), the head (MID), the layer's backward (BWD)
-and the update (POST). On `S = 2` stages of ranks [0, 1] and [2, 3] with `M = 2` microbatches under
+shift from q = 0 to q = 1 with a node after it (FWD), the head (MID), the layer's backward (BWD,
+which also gives the embedding's gradient), the update (POST) and the embedding's (POST_FIRST). On `S = 2` stages of ranks [0, 1] and [2, 3] with `M = 2` microbatches under
 1F1B, stage 0 runs F0 F1 B0 B1 U.0 and stage 1 runs F0 B0 F1 B1 U.0.
 """
 
@@ -19,11 +19,12 @@ from flint.graph import WorkloadGraph
 from flint.ir.parse import TensorType
 from flint.pipelining import PipelineRequest
 from flint.pipelining.compose import PipelinedStep
-from flint.pipelining.regions import BWD, FWD, MID, POST, PRE, Regions
+from flint.pipelining.regions import BWD, FWD, MID, POST, POST_FIRST, PRE, Regions, _accumulated
 from flint.devices import load_device
 
 ACTIVATION, SHIFT = 4096, 64
 GRADIENT = TensorType((32, 16), "bf16", 16)
+EMBEDDING_GRADIENT = TensorType((64, 16), "f32", 32)
 
 
 def compute(name: str) -> dict:
@@ -40,9 +41,13 @@ def piece() -> tuple[WorkloadGraph, Regions]:
     g.add_node(4, **compute("head"))
     g.add_node(5, **compute("layer grad"))
     g.add_node(6, **compute("update"))
-    g.add_edges_from([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6)])
-    regions = Regions({0: PRE, 1: FWD, 2: FWD, 3: FWD, 4: MID, 5: BWD, 6: POST}, 1, frozenset({3}),
-                      frozenset({5}), ACTIVATION, ACTIVATION, frozenset(), {5: (GRADIENT,)})
+    g.add_node(7, **compute("embedding update"))
+    g.add_edges_from([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)])
+    g.add_edge(5, 6, values=((100, GRADIENT),))
+    g.add_edge(5, 7, values=((101, EMBEDDING_GRADIENT),))
+    region_of = {0: PRE, 1: FWD, 2: FWD, 3: FWD, 4: MID, 5: BWD, 6: POST, 7: POST_FIRST}
+    regions = Regions(region_of, 1, frozenset({3}), frozenset({5}), ACTIVATION, ACTIVATION, frozenset(),
+                      _accumulated(g, region_of, set(), {1, 2, 3}))
     return WorkloadGraph(g, 2, ()), regions
 
 
@@ -115,13 +120,13 @@ def test_each_unit_starts_after_the_one_before_and_what_it_receives():
 
 def test_emitted_totals_count_each_class_s_file():
     """Rank 0: 2 forwards of 3 kernels (embed, layer, after shift), 2 backwards of one, the
-    second backward's accumulate, one update, 4 unit starts; 2 shifts sent, 2 activations sent,
-    2 gradients received."""
+    second backward's accumulate, an update of 2 (the layer's and the embedding's), 4 unit starts;
+    2 shifts sent, 2 activations sent, 2 gradients received."""
     p = plan()
     emitter = ChakraEmitter(p, load_device("h100"), {"mesh": "pp=2,data=2"})
     emitter.template(0)
     totals = emitter.totals[0]
-    assert totals.nodes == 2 * 3 + 2 + 1 + 1 + 4 + 6
+    assert totals.nodes == 2 * 3 + 2 + 1 + 2 + 4 + 6
     assert totals.collective_count == {"send": 4, "recv": 2}
     assert totals.collective_bytes == {"send": 2 * SHIFT + 2 * ACTIVATION, "recv": 2 * ACTIVATION}
 
@@ -129,16 +134,18 @@ def test_emitted_totals_count_each_class_s_file():
 def test_each_backward_after_the_first_adds_its_weight_gradient_to_the_sum():
     """The layer's gradient (bf16 [32, 16]: 1,024 bytes) is summed over microbatches: B1 reads
     the sum and its own gradient and writes the sum (3 x 1,024 bytes, one add per element), and
-    the update reads the sum. B0 starts the sum. On stage 1 the gradient sent back to stage 0 does
-    not wait for the add."""
+    the update reads the sum. B0 starts the sum. The embedding's gradient (f32 [64, 16]: 4,096
+    bytes) is summed on the first stage alone, whose update reads it. On stage 1 the gradient sent
+    back to stage 0 does not wait for the add."""
     p = plan()
-    for rank in (0, 2):
+    for rank, elements, nbytes in ((0, 32 * 16 + 64 * 16, 32 * 16 * 2 + 64 * 16 * 4), (2, 32 * 16, 32 * 16 * 2)):
         nodes = {n.id: n for n in p.planned(rank)}
         named = {n.name: n for n in nodes.values()}
         assert [n for n in named if "accumulate" in n] == ["B1.0 accumulate layer grad"], rank
         add = named["B1.0 accumulate layer grad"]
         assert add.deps == (named["B1.0 layer grad"].id,)
-        assert (add.data["bytes"], add.data["flops"]) == (3 * 32 * 16 * 2, 32 * 16)
+        assert (add.data["bytes"], add.data["flops"]) == (3 * nbytes, elements), rank
         assert named["U.0 update"].deps == (add.id,)
+        assert rank != 0 or named["U.0 embedding update"].deps == (add.id,)
     stage1 = {n.name: n for n in p.planned(2)}
     assert stage1["gradient of B1.0"].deps == (stage1["B1.0 layer grad"].id,)

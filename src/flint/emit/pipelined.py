@@ -183,10 +183,13 @@ class _StageFile:
 
     def accumulate(self, unit: Unit, context: dict, followed: set[int]) -> Iterator[Planned]:
         """Add each weight gradient the backward computed to the sum of the chunk's earlier
-        microbatches (read, read, write: one element-wise kernel); the update reads the sum."""
-        for node, types in self.step.regions.accumulated.items():
+        microbatches (read, read, write: one element-wise kernel); the update reads the sum. A
+        gradient that only another virtual stage's update reads (the embedding's) is not summed."""
+        ran = set(unit.regions)
+        for node, handed in self.step.regions.accumulated.items():
             region = self.region_of[node]
-            if region not in unit.regions:
+            types = tuple(kind for runs_with, kind in handed if runs_with & ran)
+            if region not in ran or not types:
                 continue
             copied = context[region][node]
             planned = planned_compute(self.take_id(), copied, (), self.accumulate_data(node, types),

@@ -62,8 +62,9 @@ so the drain paid every stage's syncs in turn: on Megatron-LM's 530B GPT run 1F1
 M = 280, 9-way data parallel) the first stage idled 14.1 s of a 59.8 s step, and idles 5.3 s of
 51.0 s with the syncs in the update, about its bubble of S - 1 microbatches (5.5 s).
 
-Gradient sums: what a B unit hands its update (through a sync or directly) is summed over the
-microbatches, in the type the compiler gives it (`Regions.accumulated`). Every B of a chunk but its
+Gradient sums: what a B unit computes from the forward and hands its update (through a sync or
+directly) is summed over the microbatches, in the type the compiler gives it
+(`Regions.accumulated`); constants the optimizer broadcasts, which also run with every B, are not. Every B of a chunk but its
 first ends with one element-wise kernel per such buffer (`B3.0 accumulate <name>`, op `accumulate`)
 that reads the sum and the new gradient and writes the sum: 3 times its bytes, one add per
 element. The update reads the last B's sums; the gradient sent back does not wait for them.

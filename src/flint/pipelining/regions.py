@@ -19,6 +19,8 @@ REGIONS = (PRE, LOCAL, FWD, MID, BWD, POST, POST_FIRST, POST_LAST, GRAD, GRAD_FI
 SYNCS = ("all_reduce", "reduce_scatter")
 BACKWARD_SIDE = frozenset((BWD, GRAD, GRAD_FIRST, GRAD_LAST))
 UPDATE = frozenset((POST, POST_FIRST, POST_LAST))
+RUNS_WITH = {POST: BWD, POST_FIRST: GRAD_FIRST, POST_LAST: GRAD_LAST}
+"""The backward region that runs on every virtual stage whose update runs a region's nodes."""
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,9 @@ class Regions:
     `sends_forward` produce the activation the forward layer loop carries out (`activation_bytes`),
     `sends_backward` the gradient the backward loop carries out (`gradient_bytes`);
     `gradient_sync` are BWD collectives that do not lead to that gradient; `accumulated` the
-    backward's nodes whose values the update (or a sync) reads, with the types of those values: the
-    gradients a step sums over its microbatches.
+    backward's nodes whose values the update (or a sync) reads, with the type of each value and the
+    backward regions of which one must run for its reader to run (the embedding's update reads
+    the first virtual stage's alone): the gradients a step sums over its microbatches.
     """
 
     region_of: Mapping[int, str]
@@ -39,7 +42,7 @@ class Regions:
     activation_bytes: int
     gradient_bytes: int
     gradient_sync: frozenset[int]
-    accumulated: Mapping[int, tuple[TensorType, ...]]
+    accumulated: Mapping[int, tuple[tuple[frozenset[str], TensorType], ...]]
 
     def nodes(self, region: str) -> list[int]:
         return sorted(n for n, r in self.region_of.items() if r == region)
@@ -205,23 +208,28 @@ def find_regions(
     }
     return Regions(
         region_of, chunk_layers, sends_forward, sends_backward, activation_bytes, gradient_bytes,
-        frozenset(sync), _accumulated(g, region_of, sync),
+        frozenset(sync), _accumulated(g, region_of, sync, fwd),
     )
 
 
 def _accumulated(
-    graph: nx.DiGraph, region_of: Mapping[int, str], sync: set[int]
-) -> dict[int, tuple[TensorType, ...]]:
-    """The backward's nodes that hand values to the update or to a gradient sync, and the types of
-    those values (each once, however many nodes read it). A step sums a gradient before it syncs
-    it, so what follows a sync (its slices of a combined buffer) is not summed again."""
+    graph: nx.DiGraph, region_of: Mapping[int, str], sync: set[int], fwd: set[int]
+) -> dict[int, tuple[tuple[frozenset[str], TensorType], ...]]:
+    """The backward's nodes that hand the update or a gradient sync values computed from the
+    forward (gradients; not constants the optimizer broadcasts, nor zeroed buffers), and the
+    types of those values (each once, however many nodes read it). A step sums a gradient before
+    it syncs it, so what follows a sync (its slices of a combined buffer) is not summed again."""
     synced = _reach(graph, sync, forward=True) | sync
-    handed: dict[int, dict[int, TensorType]] = {}
+    computed = _reach(graph, fwd, forward=True)
+    handed: dict[int, dict[int, tuple[set[str], TensorType]]] = {}
     for u, v, values in graph.edges(data="values"):
-        if (
-            region_of.get(u) in BACKWARD_SIDE
-            and u not in synced
-            and (region_of.get(v) in UPDATE or v in sync)
-        ):
-            handed.setdefault(u, {}).update(values)
-    return {node: tuple(types.values()) for node, types in sorted(handed.items())}
+        if region_of.get(u) not in BACKWARD_SIDE or u not in computed or u in synced:
+            continue
+        runs_with = region_of[v] if v in sync else RUNS_WITH.get(region_of.get(v))
+        if runs_with is not None:
+            for value, kind in values:
+                handed.setdefault(u, {}).setdefault(value, (set(), kind))[0].add(runs_with)
+    return {
+        node: tuple((frozenset(regions), kind) for regions, kind in by_value.values())
+        for node, by_value in sorted(handed.items())
+    }
