@@ -64,12 +64,13 @@ M = 280, 9-way data parallel) the first stage idled 14.1 s of a 59.8 s step, and
 
 Gradient sums: what a B unit computes from the forward and hands its update (through a sync or
 directly) is summed over the microbatches, in the type the compiler gives it
-(`Regions.accumulated`); constants the optimizer broadcasts, which also run with every B, are not. Every B of a chunk but its
-first ends with one element-wise kernel per such buffer (`B3.0 accumulate <name>`, op `accumulate`)
-that reads the sum and the new gradient and writes the sum: 3 times its bytes, one add per
-element. The update reads the last B's sums; the gradient sent back does not wait for them.
-Megatron-LM's PyTorch does the same, an `AccumulateGrad` add per parameter and microbatch. The
-compiler never compiled these adds, so `--durations xla` refuses a pipelined step.
+(`Regions.accumulated`); constants the optimizer broadcasts, which also run with every B, are not.
+Every B of a chunk but its first ends with one element-wise kernel per such buffer (`B3.0 accumulate
+<name>`, op `accumulate`) that reads the sum and the new gradient and writes the sum: 3 times its
+bytes, one add per element. The update reads the last B's sums; the gradient sent back does not wait
+for them. A value only the first (or the last) virtual stage's update reads, such as the embedding's
+gradient, is summed there alone. Megatron-LM's PyTorch does the same, an `AccumulateGrad` add per parameter and microbatch.
+The compiler never compiled these adds, so `--durations xla` refuses a pipelined step.
 
 Approximate:
 - a buffer written by a kernel that also writes a synced one (the compiler fuses the layer

@@ -18,7 +18,6 @@ PER_MICROBATCH = {POST: GRAD, POST_FIRST: GRAD_FIRST, POST_LAST: GRAD_LAST}
 REGIONS = (PRE, LOCAL, FWD, MID, BWD, POST, POST_FIRST, POST_LAST, GRAD, GRAD_FIRST, GRAD_LAST)
 SYNCS = ("all_reduce", "reduce_scatter")
 BACKWARD_SIDE = frozenset((BWD, GRAD, GRAD_FIRST, GRAD_LAST))
-UPDATE = frozenset((POST, POST_FIRST, POST_LAST))
 RUNS_WITH = {POST: BWD, POST_FIRST: GRAD_FIRST, POST_LAST: GRAD_LAST}
 """The backward region that runs on every virtual stage whose update runs a region's nodes."""
 
