@@ -358,7 +358,8 @@ def test_data_edges_carry_each_value_once_in_the_type_its_reader_sees():
     )
     graph = graph_of(entry)
     assert [data["op"] for _, data in graph.nodes()] == ["negate", "multiply", "exponential"]
-    carried = {(u, v): [(t.shape, t.nbytes) for _, t in values] for u, v, values in graph.graph.edges(data="values")}
+    carried = {(u, v): [(t.shape, t.nbytes) for _, t in values]
+               for u, v, values in graph.graph.edges(data="values")}
     assert carried == {(0, 1): [((16, 4), 256)], (0, 2): [((64,), 256)]}
 
 

@@ -2,8 +2,9 @@
 
 The piece runs on a stage mesh of 2 ranks (q = 0, 1): an embedding (PRE), a layer and an open-chain
 shift from q = 0 to q = 1 with a node after it (FWD), the head (MID), the layer's backward (BWD,
-which also gives the embedding's gradient), the update (POST) and the embedding's (POST_FIRST). On `S = 2` stages of ranks [0, 1] and [2, 3] with `M = 2` microbatches under
-1F1B, stage 0 runs F0 F1 B0 B1 U.0 and stage 1 runs F0 B0 F1 B1 U.0.
+which also gives the embedding's gradient), the update (POST) and the embedding's (POST_FIRST). On
+`S = 2` stages of ranks [0, 1] and [2, 3] with `M = 2` microbatches under 1F1B, stage 0 runs F0 F1
+B0 B1 U.0 and stage 1 runs F0 B0 F1 B1 U.0.
 """
 
 from __future__ import annotations

@@ -69,8 +69,9 @@ Every B of a chunk but its first ends with one element-wise kernel per such buff
 <name>`, op `accumulate`) that reads the sum and the new gradient and writes the sum: 3 times its
 bytes, one add per element. The update reads the last B's sums; the gradient sent back does not wait
 for them. A value only the first (or the last) virtual stage's update reads, such as the embedding's
-gradient, is summed there alone. Megatron-LM's PyTorch does the same, an `AccumulateGrad` add per parameter and microbatch.
-The compiler never compiled these adds, so `--durations xla` refuses a pipelined step.
+gradient, is summed there alone. Megatron-LM's PyTorch does the same, an `AccumulateGrad` add per
+parameter and microbatch. The compiler never compiled these adds, so `--durations xla` refuses a
+pipelined step.
 
 Approximate:
 - a buffer written by a kernel that also writes a synced one (the compiler fuses the layer
