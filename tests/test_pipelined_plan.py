@@ -48,7 +48,7 @@ def piece() -> tuple[WorkloadGraph, Regions]:
     g.add_edge(5, 7, values=((101, EMBEDDING_GRADIENT),))
     region_of = {0: PRE, 1: FWD, 2: FWD, 3: FWD, 4: MID, 5: BWD, 6: POST, 7: POST_FIRST}
     regions = Regions(region_of, 1, frozenset({3}), frozenset({5}), ACTIVATION, ACTIVATION, frozenset(),
-                      _accumulated(g, region_of, set(), {1, 2, 3}))
+                      _accumulated(g, region_of, set(), after_forward={2, 3, 4, 5, 6, 7}))
     return WorkloadGraph(g, 2, ()), regions
 
 

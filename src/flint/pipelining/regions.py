@@ -159,7 +159,8 @@ def find_regions(
     # after the one before it, whatever it computes
     g = nx.subgraph_view(graph.graph, filter_edge=lambda u, v: not graph.graph.edges[u, v].get("ctrl"))
     pre = _reach(g, fwd, forward=False) - fwd - bwd
-    mid = (_reach(g, fwd, forward=True) & _reach(g, bwd, forward=False)) - fwd - bwd - pre
+    after_forward = _reach(g, fwd, forward=True)  # MID's nodes are in it, so what follows them too
+    mid = (after_forward & _reach(g, bwd, forward=False)) - fwd - bwd - pre
     local: set[int] = set()
     if batch is not None:  # what before the layers does not follow the batch is every stage's
         embedding = {n for n in pre if graph.reads.get(n, frozenset()) & batch}
@@ -185,7 +186,7 @@ def find_regions(
     # gradient of theirs; the head's follows the forward or the head but not the layers' backward
     after_weights = _reach(g, bwd - on_path, forward=True)
     embedding_tail = (_reach(g, sends_backward, forward=True) & post) - after_weights
-    head_tail = (_reach(g, fwd | mid, forward=True) & post) - _reach(g, bwd, forward=True)
+    head_tail = (after_forward & post) - _reach(g, bwd, forward=True)
     region_of.update({n: POST_FIRST for n in embedding_tail} | {n: POST_LAST for n in head_tail})
     # The update reads the optimizer state or the parameters (or follows what does); the rest of
     # POST is per microbatch. Reductions of BWD and of that rest which lead to the update, but not
@@ -207,22 +208,21 @@ def find_regions(
     }
     return Regions(
         region_of, chunk_layers, sends_forward, sends_backward, activation_bytes, gradient_bytes,
-        frozenset(sync), _accumulated(g, region_of, sync, fwd),
+        frozenset(sync), _accumulated(g, region_of, sync, after_forward),
     )
 
 
 def _accumulated(
-    graph: nx.DiGraph, region_of: Mapping[int, str], sync: set[int], fwd: set[int]
+    graph: nx.DiGraph, region_of: Mapping[int, str], sync: set[int], after_forward: set[int]
 ) -> dict[int, tuple[tuple[frozenset[str], TensorType], ...]]:
     """The backward's nodes that hand the update or a gradient sync values computed from the
     forward (gradients; not constants the optimizer broadcasts, nor zeroed buffers), and the
     types of those values (each once, however many nodes read it). A step sums a gradient before
     it syncs it, so what follows a sync (its slices of a combined buffer) is not summed again."""
     synced = _reach(graph, sync, forward=True) | sync
-    computed = _reach(graph, fwd, forward=True)
     handed: dict[int, dict[int, tuple[set[str], TensorType]]] = {}
     for u, v, values in graph.edges(data="values"):
-        if region_of.get(u) not in BACKWARD_SIDE or u not in computed or u in synced:
+        if region_of.get(u) not in BACKWARD_SIDE or u not in after_forward or u in synced:
             continue
         runs_with = region_of[v] if v in sync else RUNS_WITH.get(region_of.get(v))
         if runs_with is not None:
