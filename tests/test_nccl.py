@@ -92,6 +92,23 @@ def test_across_two_nodes_large_all_reduces_take_nvls_tree():
     assert choice.micros == pytest.approx(123.3 + GIB / (480 * 16 / 30 * 1e3))
 
 
+def test_nvls_tree_on_blackwell_with_x86_hosts_takes_the_tree_correction():
+    """hgx-b200 (Intel hosts; Blackwell: NVLS-Tree 96 GB/s per channel on 2 nodes), 16 ranks on 2
+    nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(845.4, 2 x 8 x 47, 16 x 96) x 16 / 30
+    GB/s, x NCCL's correction of 0.9 for 512 MiB (2^23 x 64 B, the table's last entry); none at
+    1 GiB. On Grace hosts (cpu other) and on Hopper, 512 MiB is not corrected."""
+    model = NcclModel(network_for("hgx-b200", [("data", 2), ("tensor", 8)]))
+    shape, bandwidth = Placement(16, 2), 752 * 16 / 30 * 1e3
+    half = model.choose(pb.ALL_REDUCE, GIB // 2, shape)
+    assert (half.algorithm, half.protocol) == ("NVLS-Tree", "Simple")
+    assert half.micros == pytest.approx(123.3 + GIB / 2 / (0.9 * bandwidth))
+    assert model.choose(pb.ALL_REDUCE, GIB, shape).micros == pytest.approx(123.3 + GIB / bandwidth)
+    grace = NcclModel(replace(model.network, cluster=replace(model.cluster, cpu="other")))
+    assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(123.3 + GIB / 2 / bandwidth)
+    hopper = TWO_NODES.choose(pb.ALL_REDUCE, GIB // 2, shape)
+    assert hopper.micros == pytest.approx(123.3 + GIB / 2 / (480 * 16 / 30 * 1e3))
+
+
 def test_a_ring_across_nodes_pays_the_network_per_step_and_the_nics():
     """Ring Simple on 2 nodes, 1 GiB: 30 steps, 2 of them between nodes: 8.4 + 28 x max(3.4, 3 x
     1.0) + 2 x 14 = 131.6 µs, x 1.4 for the ring's plateau; bus bandwidth min(370.8, 8 x 47)."""

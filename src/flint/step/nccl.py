@@ -20,10 +20,12 @@ nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
 | Ring, Simple                          | B                                               | bus x N / steps        |
 | Tree (all-reduce, > 1 node)           | min(0.92 B, channels x tree per channel), then  | bus / 2, x NCCL's tree |
 |                                       | LL: min(x / 3.8, llMax); LL128: min(x 120/128,  | correction by size     |
-|                                       | channels x treeLL128 per channel)               |                        |
+|                                       | channels x treeLL128 per channel)               | below 512 MB           |
 | NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps        |
-| NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps        |
-|                                       | channels x NVLS-tree per channel)               |                        |
+| NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps; on    |
+|                                       | channels x NVLS-tree per channel)               | Blackwell with x86     |
+|                                       |                                                 | hosts x the correction |
+|                                       |                                                 | below 1 GB             |
 | CollNet Direct (all-reduce, SHARP)    | 0.85 B                                          | bus / 2                |
 | PAT (all-gather, reduce-scatter,      | 0.75 B                                          | bus                    |
 | one GPU per node)                     |                                                 |                        |
@@ -70,7 +72,7 @@ import tomllib
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import Network
-from flint.step.network_files import CONSTANTS, FOLDER, NetworkFile
+from flint.step.network_files import CONSTANTS, FOLDER, X86, NetworkFile
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLS-Tree", "CollNet", "PAT")
@@ -282,12 +284,17 @@ class NcclModel:
             bandwidth = bus
         else:
             bandwidth = bus * 0.5
-        if algorithm == "Tree":
+        if algorithm == "Tree" or (algorithm == "NVLS-Tree" and self._nvls_tree_corrected()):
             log_size = int(math.log2(total >> 6)) if total >= 64 else -1
-            factors = NCCL["tree_correction"][protocol.lower()]
-            if 0 <= log_size < 23:
-                bandwidth *= factors[log_size]
+            entries = 23 if algorithm == "Tree" else 24  # NCCL's: below 512 MB, below 1 GB
+            if 0 <= log_size < entries:
+                bandwidth *= NCCL["tree_correction"][protocol.lower()][log_size]
         return bandwidth
+
+    def _nvls_tree_corrected(self) -> bool:
+        """NCCL corrects NVLS-Tree's bandwidth by size as the Tree's on Blackwell with x86 hosts."""
+        arch = NCCL["architecture"][self.cluster.architecture]
+        return arch["nvls_tree_corrected_on_x86"] and self.cluster.cpu in X86
 
     # -- latencies ---------------------------------------------------------------------------------
 

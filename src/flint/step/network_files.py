@@ -14,10 +14,10 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
 - `[scale_out]` (absent: one node): `nics` per node at `nic_gbps` each, a network latency
   (`latency_us`, NCCL's `latencyInter`), and `sharp` where the scale-out switches reduce (CollNet).
 
-`architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other) pick NCCL's constants
-(`networks/nccl.toml`). Each tier also gives the link bandwidth and hop latency ASTRA-sim's
-analytical backend is handed (`astra_sim_gbps`, `astra_sim_latency_ns`): `flint.step.network`
-lays those out over the mesh. `flint calibrate --network` writes a file of this form.
+`architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other: not x86) pick NCCL's
+constants (`networks/nccl.toml`). Each tier also gives the link bandwidth and hop latency
+ASTRA-sim's analytical backend is handed (`astra_sim_gbps`, `astra_sim_latency_ns`):
+`flint.step.network` lays those out over the mesh. `flint calibrate --network` writes a file of this form.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ CONSTANTS = "nccl.toml"
 """NCCL's constants, beside the network files and not one of them."""
 ARCHITECTURES = ("ampere", "hopper", "blackwell")
 CPUS = ("intel", "amd", "other")
+X86 = ("intel", "amd")
+"""The CPUs NCCL knows as x86; `other` stands for the rest (Arm's Grace, POWER)."""
 LINKS = ("nvlink", "pci")
 
 
