@@ -136,7 +136,7 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
                 nics=_count(out, "nics"),
                 nic_gbps=number_field(out, "nic_gbps", positive=True),
                 latency_us=number_field(out, "latency_us", default=ScaleOut.latency_us),
-                sharp=bool(out.get("sharp", ScaleOut.sharp)),
+                sharp=_flag(out, "sharp", ScaleOut.sharp),
                 astra_sim_gbps=number_field(out, "astra_sim_gbps", positive=True, default=ScaleOut.astra_sim_gbps),
                 astra_sim_latency_ns=number_field(out, "astra_sim_latency_ns", default=ScaleOut.astra_sim_latency_ns),
             )
@@ -196,6 +196,13 @@ def _count(table: dict, key: str) -> int:
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{key} is {value!r}, not a positive integer")
+    return value
+
+
+def _flag(table: dict, key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} is {value!r}, not true or false")
     return value
 
 
