@@ -49,6 +49,20 @@ def test_nvls_bandwidth_and_latency_are_recovered(tmp_path):
     network_for(str(out), [("tensor", 8)])  # usable as --network
 
 
+def test_a_latency_that_one_size_leaves_open_keeps_the_files_own_value(tmp_path):
+    """One size (8 GiB): every NVLS latency fits it with a bandwidth of its own, so hgx's 81.5 µs
+    stays and is not reported as fitted. The bandwidth is the one that takes the measured time
+    after 81.5 µs: S / ((t - 81.5) x 8 / 14 x 10^3)."""
+    size = 2**33
+    measured_us = round(60 + size / (400 * 8 / 14 * 1e3), 1)  # as the file writes it
+    measured = nccl_tests(tmp_path / "one.txt", "all_reduce_perf", {size: measured_us})
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["fitted"] == {
+        "node.nvls_bus_gbps[7]": pytest.approx(size / ((measured_us - 81.5) * 8 / 14 * 1e3), rel=1e-6)}
+    assert load_network_file(tmp_path / "f.toml").node.nvls_latency_us == 81.5
+
+
 def test_a_ring_bandwidth_is_recovered_from_an_all_gather(tmp_path):
     times = {size: 8.4 + 7 * 3.4 + size / (300 * 8 / 7 * 1e3) for size in SIZES}
     measured = nccl_tests(tmp_path / "ag.txt", "all_gather_perf", times)

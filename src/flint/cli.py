@@ -934,8 +934,9 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
     its header): the fit sets the bandwidth each run's largest size measures (NVLS's or the
     ring's in a node, the NICs' across nodes; a run whose largest size does not show it is
     refused) and, to the smaller sizes, NVLS's latency or a node's Simple ring step and LL128
-    share; prints each size measured beside NCCL's model before and after; and writes the
-    network file (use it as --network).
+    share (one the sizes leave open, as a latency measured at one size, keeps the file's own);
+    prints each size measured beside NCCL's model before and after; and writes the network file
+    (use it as --network).
 
     \b
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml

@@ -13,9 +13,9 @@ its best), in turns with the bandwidth until they hold:
   tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches (0.05 to 1, to
   0.01; NCCL's 0.92).
 
-A number the sizes leave loose (a step either way fits them as well: LL128's share where LL128
-loses at every size) keeps the file's own value where that fits as well, and is not reported as
-fitted. A run whose largest size does not depend on its bandwidth (an LL ring at its cap) cannot
+A number the sizes leave loose (a step either way, the bandwidth refitted, fits them as well:
+LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the
+file's own value where that fits as well, and is not reported as fitted. A run whose largest size does not depend on its bandwidth (an LL ring at its cap) cannot
 fit it, and is refused.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
@@ -58,6 +58,9 @@ SHAPES = {"node.bus_gbps": (RING_SIMPLE_HOP, LL128_FRACTION)}
 """What else each bandwidth's runs fit (NVLS's bandwidths: NVLS_LATENCY)."""
 ROUNDS = 20
 """At most this many turns of fitting those numbers and then the bandwidth."""
+SAME_MISFIT = 1e-12
+"""Misfits (sums of squared log ratios) closer than this fit alike: the bandwidth's bisection
+leaves rounding of this order."""
 
 
 @dataclass(frozen=True)
@@ -143,9 +146,9 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
                 break
         _check_measured(network, parameter, measured)
         for shape in shapes:
-            if _unsettled(network, shape, measured):
-                kept = _set(network, shape.key, _get(base, shape.key))
-                if _misfit(kept, measured) <= _misfit(network, measured):
+            if _unsettled(network, parameter, shape, measured):
+                kept = _fit_bandwidth(_set(network, shape.key, _get(base, shape.key)), parameter, measured)
+                if _misfit(kept, measured) <= _misfit(network, measured) + SAME_MISFIT:
                     network = kept
                     del values[shape.key]
         for shape in shapes:
@@ -175,13 +178,16 @@ def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTest
     return min((v for v in candidates if shape.low <= v <= shape.high), key=misfit)
 
 
-def _unsettled(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> bool:
+def _unsettled(network: NetworkFile, parameter: str, shape: Shape,
+               runs: Sequence[tuple[NcclTestsRun, Placement]]) -> bool:
     """Whether the sizes leave `network`'s value of `shape` loose: a fine step to either side
-    (within the range) fits them exactly as well, so they bound the number at most, as LL128's
-    share where LL128 loses at every size."""
+    (within the range), the bandwidth `parameter` refitted, fits them as well. So they bound the
+    number at most, as LL128's share where LL128 loses at every size, or a latency measured at one
+    size, where any latency fits with its own bandwidth."""
     value, misfit = _get(network, shape.key), _misfit(network, runs)
     steps = (round(value + step, 6) for step in (-shape.fine, shape.fine))
-    return any(_misfit(_set(network, shape.key, v), runs) == misfit for v in steps if shape.low <= v <= shape.high)
+    return any(abs(_misfit(_fit_bandwidth(_set(network, shape.key, v), parameter, runs), runs) - misfit) <= SAME_MISFIT
+               for v in steps if shape.low <= v <= shape.high)
 
 
 def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> None:
