@@ -96,7 +96,9 @@ def h100_all_reduce(folder: Path) -> NcclTestsRun:
 
 def bus_factor(comm_type: int, n: int) -> float:
     """nccl-tests' bus bandwidth over its algorithm bandwidth for a collective over `n` ranks."""
-    return 2 * (n - 1) / n if comm_type == pb.ALL_REDUCE else (n - 1) / n
+    if comm_type == pb.ALL_REDUCE:
+        return 2 * (n - 1) / n
+    return (n - 1) / n if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL) else 1.0
 
 
 def bus_bandwidth(comm_type: int, total: int, micros: float, n: int) -> float:

@@ -22,11 +22,11 @@ SIZES = [2**k for k in range(26, 35)]  # 64 MiB .. 16 GiB: where NVLS runs
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
 
 
-def nccl_tests(path, program: str, times: dict[int, float]):
+def nccl_tests(path, program: str, times: dict[int, float], header: str = HEADER):
     rows = "".join(f"{size:>12} {size // 4:>12} float sum -1 {t:9.1f} 0.0 0.0 0 {t:9.1f} 0.0 0.0 0\n"
                    for size, t in times.items())
     path.write_text(f"# nThread 1 nGpus 1 minBytes 8 maxBytes 17179869184 step: 2(factor)\n# {program}\n"
-                    f"{HEADER}#\n#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+                    f"{header}#\n#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
                     f"{rows}# Avg bus bandwidth    : 0\n")
     return path
 
@@ -73,6 +73,21 @@ def test_a_ring_bandwidth_is_recovered_from_an_all_gather(tmp_path):
                                                 "node.ring_simple_hop_us": pytest.approx(3.4, abs=1e-9)}
     text = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
     assert "all_gather, 8 ranks on 1 node" in text.stdout and "Ring Simple" in text.stdout
+
+
+def test_nic_bandwidth_is_recovered_from_a_sendrecv_between_two_nodes(tmp_path):
+    """sendrecv_perf on one GPU of each of two nodes whose NICs carry 40 GB/s: 8.4 + 3.4 + 14 µs
+    (NCCL's Ring Simple base, NVLink and network hops), then S / (40 x 10^3)."""
+    times = {size: 25.8 + size / 40e3 for size in SIZES}
+    measured = nccl_tests(tmp_path / "sendrecv_perf.txt", "sendrecv_perf", times,
+                          header="#  Rank  0 Group  0 Pid 100 on a device 0 [0x1b] NVIDIA H100\n"
+                                 "#  Rank  1 Group  0 Pid 100 on b device 0 [0x1b] NVIDIA H100\n")
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"] == {"scale_out.nic_gbps": pytest.approx(40, rel=0.001)}
+    assert (fit["runs"][0]["ranks"], fit["runs"][0]["nodes"]) == (2, 2)
+    assert {row["algorithm"] for row in fit["runs"][0]["rows"]} == {"P2P"}
 
 
 def test_a_malformed_file_is_one_line(tmp_path):

@@ -20,7 +20,7 @@ from test_collectives import one_collective
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import NcclModel, Placement
+from flint.step.nccl import SEND_RECV, NcclModel, Placement
 from flint.step.network import network_for
 
 MIB, GIB = 2**20, 2**30
@@ -166,11 +166,14 @@ def test_pat_with_one_gpu_per_node():
 
 def test_all_to_all_and_send_recv_are_point_to_point():
     """All-to-all of 8 MiB per rank in a node: 8.4 + 3.4 µs, then 7/8 of it over the node's
-    370.8 GB/s; a SEND of 1 MiB between nodes: 8.4 + 3.4 + 14 µs, at one NIC's 47 GB/s."""
+    370.8 GB/s; a SEND of 1 MiB between nodes: 8.4 + 3.4 + 14 µs, at one NIC's 47 GB/s. nccl-tests'
+    sendrecv_perf over 16 ranks on 2 nodes takes as long as its pairs that cross nodes."""
     assert NODE.collective_micros(pb.ALL_TO_ALL, 8 * MIB, range(8)) == pytest.approx(
         11.8 + 8 * MIB * 7 / 8 / 370.8e3)
     assert TWO_NODES.transfer_micros(0, 8, MIB) == pytest.approx(25.8 + MIB / 47e3)
     assert TWO_NODES.transfer_micros(0, 1, MIB) == pytest.approx(11.8 + MIB / 370.8e3)
+    assert TWO_NODES.choose(SEND_RECV, MIB, Placement(16, 2)).micros == pytest.approx(25.8 + MIB / 47e3)
+    assert NODE.choose(SEND_RECV, MIB, Placement(8, 1)).micros == pytest.approx(11.8 + MIB / 370.8e3)
 
 
 def test_an_a100_node_has_no_nvls_and_its_rings_run_at_their_fitted_numbers():

@@ -1,8 +1,8 @@
 """nccl-tests output, read: the measured collectives `flint calibrate --network` fits a network to.
 
-nccl-tests (`all_reduce_perf`, `all_gather_perf`, ...) print one row per size: size (B), count,
-type, redop, root, then out-of-place time (µs), algbw, busbw, #wrong, then the same in place (older
-versions lack redop and root). Flint reads the size and the in-place time (the last group of four
+nccl-tests (`all_reduce_perf`, `all_gather_perf`, ..., `sendrecv_perf`) print one row per size:
+size (B), count, type, redop, root, then out-of-place time (µs), algbw, busbw, #wrong, then the
+same in place (older versions lack redop and root). Flint reads the size and the in-place time (the last group of four
 columns), the collective from the file's name or its "Collective test starting" line, and the
 ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D" lines where there are any.
 """
@@ -15,13 +15,14 @@ from pathlib import Path
 
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
+from flint.step.nccl import SEND_RECV
 
 COLLECTIVES = {
     "all_reduce": pb.ALL_REDUCE, "all_gather": pb.ALL_GATHER, "reduce_scatter": pb.REDUCE_SCATTER,
-    "alltoall": pb.ALL_TO_ALL, "broadcast": pb.BROADCAST,
+    "alltoall": pb.ALL_TO_ALL, "broadcast": pb.BROADCAST, "sendrecv": SEND_RECV,
 }
-"""nccl-tests' programs (NAME_perf) and the collectives they time."""
-_NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|broadcast)_perf")
+"""nccl-tests' programs (NAME_perf) and the collectives they time (sendrecv: a SEND/RECV pair)."""
+_NAME = re.compile(rf"({'|'.join(COLLECTIVES)})_perf")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
 
 
@@ -66,7 +67,7 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
     named = _NAME.search(path.name) or _NAME.search(text)
     if named is None:
         raise FlintError(f"{path}: which collective? name the file after its nccl-tests program "
-                         "(all_reduce_perf.txt, all_gather_perf.txt, ...)")
+                         f"({', '.join(f'{name}_perf.txt' for name in COLLECTIVES)})")
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()

@@ -80,6 +80,9 @@ _KEYS = {"Ring": "ring", "Tree": "tree", "NVLS": "nvls", "NVLS-Tree": "nvls_tree
          "PAT": "pat"}
 TIMED = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST})
 """The collectives this model times (every one Chakra names)."""
+SEND_RECV = -1
+"""Not a Chakra collective: a SEND/RECV pair, for `choose` (as nccl-tests' sendrecv_perf times one,
+each rank sending to the next)."""
 
 
 def _constants() -> dict:
@@ -163,10 +166,7 @@ class NcclModel:
     def transfer_micros(self, src: int, dst: int, nbytes: float) -> float:
         """A SEND/RECV of `nbytes` from rank `src` to `dst`, in µs."""
         per_node = self.node_ranks
-        apart = src // per_node != dst // per_node
-        latency = self._p2p_latency(apart)
-        bandwidth = self._nic_share() if apart else self.cluster.node.bus_gbps
-        return latency + nbytes / (bandwidth * 1e3)
+        return self._pair_micros(nbytes, src // per_node != dst // per_node)
 
     def choose(self, comm_type: int, nbytes: int, shape: Placement, algorithm: str | None = None,
                protocol: str | None = None) -> Choice:
@@ -175,6 +175,8 @@ class NcclModel:
         given, as NCCL_ALGO and NCCL_PROTO hold NCCL to them)."""
         if comm_type == pb.ALL_TO_ALL:
             return Choice("P2P", "Simple", self._all_to_all(nbytes, shape))
+        if comm_type == SEND_RECV:  # the slowest pair: between nodes where the group spans several
+            return Choice("P2P", "Simple", self._pair_micros(nbytes, shape.nodes > 1))
         total = nbytes * shape.ranks if comm_type == pb.ALL_GATHER else nbytes
         options = [Choice(a, p, lat + total / (bw * 1e3))
                    for a, p, lat, bw in self.candidates(comm_type, total, shape)
@@ -347,6 +349,11 @@ class NcclModel:
         if apart:
             latency += self._inter("ring", simple, Placement(2, 2))
         return latency
+
+    def _pair_micros(self, nbytes: float, apart: bool) -> float:
+        latency = self._p2p_latency(apart)
+        bandwidth = self._nic_share() if apart else self.cluster.node.bus_gbps
+        return latency + nbytes / (bandwidth * 1e3)
 
     def _all_to_all(self, nbytes: int, shape: Placement) -> float:
         n, ppn = shape.ranks, shape.ppn
