@@ -36,6 +36,20 @@ def test_bad_model_file(tmp_path, model, words):
     assert_refused(flint("extract", model, "--mesh", "8", "-o", out), out, *words)
 
 
+@pytest.mark.parametrize("signature, args, words", [
+    ("workload()", [], ("workload must take the mesh first", "def workload(mesh, ...)")),
+    ("workload(*, mesh)", [], ("workload must take the mesh first",)),
+    ("workload(mesh, layers)", [], ("needs the model argument 'layers'", "--model-arg layers=VALUE")),
+    ("workload(mesh, layers=2)", ["--model-arg", "width=8"], ("has no model argument 'width'", "it takes layers")),
+], ids=["no-mesh", "keyword-mesh", "missing-argument", "unknown-argument"])
+def test_a_workload_signature_that_does_not_fit_is_one_line(tmp_path, signature, args, words):
+    """Checked before the model runs: workload's own signature against the mesh and --model-arg."""
+    model = tmp_path / "model.py"
+    model.write_text(f"def {signature}:\n    raise RuntimeError('not reached')\n")
+    out = tmp_path / "out"
+    assert_refused(flint("extract", model, "--mesh", "8", "-o", out, *args), out, *words)
+
+
 def test_not_a_python_file(tmp_path):
     model = tmp_path / "model.txt"
     model.write_text("x = 1\n")

@@ -174,16 +174,31 @@ def parse_model_arg(text: str) -> tuple[str, Any]:
 
 
 def _check_model_args(entry, model_args: Mapping[str, Any], path: Path) -> None:
-    """Refuse, before anything runs, a model argument that `workload` does not take."""
+    """Refuse, before anything runs, a `workload` that does not take the mesh first, a model
+    argument that it does not take and one that it needs and is not given."""
+    signature = inspect.signature(entry)
+    kinds = [p.kind for p in signature.parameters.values()]
+    if not kinds or kinds[0] not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                     inspect.Parameter.VAR_POSITIONAL):
+        raise FlintError(f"{path.name}: {ENTRY_POINT} must take the mesh first: def {ENTRY_POINT}(mesh, ...) "
+                         "(see examples/mlp.py)")
     try:
-        inspect.signature(entry).bind(None, **model_args)
-    except TypeError:
-        params = list(inspect.signature(entry).parameters)[1:]
-        takes = f"it takes {', '.join(params)}" if params else "it takes none"
-        unknown = sorted(set(model_args) - set(params)) or sorted(model_args)
-        raise FlintError(
-            f"{path.name}: {ENTRY_POINT}(mesh, ...) has no model argument {unknown[0]!r}: {takes}"
-        ) from None
+        signature.bind(None, **model_args)
+    except TypeError as exc:
+        params = list(signature.parameters)[1:]
+        unknown = sorted(set(model_args) - set(params))
+        if unknown:
+            takes = f"it takes {', '.join(params)}" if params else "it takes none"
+            raise FlintError(
+                f"{path.name}: {ENTRY_POINT}(mesh, ...) has no model argument {unknown[0]!r}: {takes}"
+            ) from None
+        missing = [name for name, p in list(signature.parameters.items())[1:]
+                   if name not in model_args and p.default is p.empty
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if missing:
+            raise FlintError(f"{path.name}: {ENTRY_POINT}(mesh, ...) needs the model argument {missing[0]!r}: "
+                             f"give --model-arg {missing[0]}=VALUE") from None
+        raise FlintError(f"{path.name}: {ENTRY_POINT}(mesh, ...) cannot take these model arguments: {exc}") from None
 
 
 def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None) -> Workload:
