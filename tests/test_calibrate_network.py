@@ -88,6 +88,14 @@ def test_nic_bandwidth_is_recovered_from_a_sendrecv_between_two_nodes(tmp_path):
     assert fit["fitted"] == {"scale_out.nic_gbps": pytest.approx(40, rel=0.001)}
     assert (fit["runs"][0]["ranks"], fit["runs"][0]["nodes"]) == (2, 2)
     assert {row["algorithm"] for row in fit["runs"][0]["rows"]} == {"P2P"}
+    # Faster than the model's latency (25.8 µs) no bandwidth reaches: refused, no file.
+    fast = nccl_tests(tmp_path / "fast_sendrecv_perf.txt", "sendrecv_perf", {2**20: 20.0},
+                      header="#  Rank  0 Group  0 Pid 100 on a device 0 [0x1b] NVIDIA H100\n"
+                             "#  Rank  1 Group  0 Pid 100 on b device 0 [0x1b] NVIDIA H100\n")
+    run = flint("calibrate", "--network", "hgx", fast, "-o", tmp_path / "fast.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "(1,048,576 bytes) took 20.0 µs, and NCCL's model takes 25.8 at any scale_out.nic_gbps" in run.stderr
+    assert not (tmp_path / "fast.toml").exists()
 
 
 def test_a_malformed_file_is_one_line(tmp_path):

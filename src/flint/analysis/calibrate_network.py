@@ -16,7 +16,7 @@ its best), in turns with the bandwidth until they hold:
 A number the sizes leave loose (a step either way, the bandwidth refitted, fits them as well:
 LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the
 file's own value where that fits as well, and is not reported as fitted. A run whose largest size does not depend on its bandwidth (an LL ring at its cap) cannot
-fit it, and is refused.
+fit it, and is refused, as is one whose largest size took less than the model's latency.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
@@ -193,10 +193,16 @@ def _unsettled(network: NetworkFile, parameter: str, shape: Shape,
 def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> None:
     """Each run's largest size must take longer with less of `parameter` and less with more: else
     it does not measure the number (an LL ring at its cap, below the bus bandwidth), and any
-    value past a bound would fit it."""
+    value past a bound would fit it. And some value must give it its measured time: a time below
+    the model's latency is reached by none (the bisection ends at its bound)."""
     for run, placement in runs:
         largest = run.largest
         time, value = _timer(network, parameter, run.comm_type, largest.size, placement), _get(network, parameter)
+        closest = time(_get(_fit_bandwidth(network, parameter, [(run, placement)]), parameter))
+        if not math.isclose(closest, largest.micros, rel_tol=0.01):
+            raise FlintError(f"{run.path}: its largest size ({largest.size:,} bytes) took {largest.micros:,.1f} µs, "
+                             f"and NCCL's model takes {closest:,.1f} at any {parameter}: give a run that "
+                             "reaches larger sizes (nccl-tests -e 8G)")
         if not time(value * 0.99) > time(value) > time(value * 1.01):
             choice = modelled(network, run.comm_type, largest.size, placement)
             raise FlintError(f"{run.path}: at its largest size ({largest.size:,} bytes) NCCL's model runs "
