@@ -143,8 +143,12 @@ def test_debug_shows_traceback(tmp_path):
         (("extract", "examples/mlp.py"), ("Missing option '--mesh'", "flint extract --help")),
         (("extrct",), ("No such command 'extrct'", "flint --help")),
         (("check", "--rnks", "3", "x"), ("No such option '--rnks'", "--ranks", "flint check --help")),
+        (("timeline", "examples", "-o", "t.json", "--plot", "bars.xyz"),
+         ("'bars.xyz' is not a .png, .svg or .pdf file", "flint timeline --help")),
+        (("sweep", "examples/sweep-mlp.toml", "-o", "s", "--plot", "front.gif"),
+         ("'front.gif' is not a .png, .svg or .pdf file", "flint sweep --help")),
     ],
-    ids=["missing-option", "unknown-command", "unknown-option"],
+    ids=["missing-option", "unknown-command", "unknown-option", "timeline-plot-format", "sweep-plot-format"],
 )
 def test_usage_errors_are_one_line(args, words):
     run = flint(*args)

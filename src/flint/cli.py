@@ -401,6 +401,17 @@ def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups
     return _located(path, lambda: locate_traces(path, prefix, rank, groups))
 
 
+def _plot_option(help_text: str):
+    """--plot FILE: a figure, refused before any work unless matplotlib writes its format."""
+    def check(ctx, param, value: Path | None) -> Path | None:
+        if value is not None and value.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise click.BadParameter(f"{str(value)!r} is not a .png, .svg or .pdf file")
+        return value
+
+    return click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), callback=check,
+                        help=help_text)
+
+
 def _groups_option(command):
     """--groups FILE: the communicator groups under another name than PREFIX.comm_groups.json."""
     return click.option(
@@ -616,8 +627,7 @@ def check(directory, prefix, num_ranks, groups_file, as_json):
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="Chrome trace-event JSON to write (open it in ui.perfetto.dev).")
-@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also draw per-rank bars of compute / exposed communication (PNG, SVG, PDF; matplotlib).")
+@_plot_option("Also draw per-rank bars of compute / exposed communication (PNG, SVG, PDF; matplotlib).")
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
 @click.option("--json", "as_json", is_flag=True, help="Print each rank's times as JSON.")
 @_groups_option
@@ -756,8 +766,7 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
 @click.option("--finalists", type=click.IntRange(min=1), metavar="K",
               help="Rank every point by Flint's estimator, then run ASTRA-sim on the best K only; the "
                    "ranking shows both steps.")
-@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
-              help="Draw step time against memory per rank with the Pareto front (PNG, SVG, PDF; matplotlib).")
+@_plot_option("Draw step time against memory per rank with the Pareto front (PNG, SVG, PDF; matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print every point's record as JSON, in grid order.")
 def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator, top, finalists, plot, as_json):
     """Explore layouts: extract and simulate a grid of points.
