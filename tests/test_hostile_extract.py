@@ -179,11 +179,11 @@ def test_bad_device_file_is_refused(tmp_path, content, words):
         ),
         (
             "def workload(mesh):\n    return ('step', 42)\n",
-            ("first element is a str", "not a callable step function"),
+            ("first element is of type str", "not a callable step function"),
         ),
         (
             "def workload(mesh):\n    return print\n",
-            ("must return (step, args)", "returned a builtin_function"),
+            ("must return (step, args)", "returned an object of type builtin_function"),
         ),
     ],
     ids=["exit-on-import", "exit-in-workload", "step-is-a-str", "not-a-tuple"],

@@ -99,7 +99,7 @@ def _check_inputs(args: tuple[Any, ...], path: Path) -> None:
     for keypath, leaf in leaves[0]:
         if not isinstance(leaf, (jax.ShapeDtypeStruct, LogicalArray)):
             raise FlintError(
-                f"{path.name}: input args{jax.tree_util.keystr(keypath)} is a {type(leaf).__name__}, "
+                f"{path.name}: input args{jax.tree_util.keystr(keypath)} is of type {type(leaf).__name__}, "
                 "not a jax.ShapeDtypeStruct: describe inputs by shape, dtype and sharding (no real arrays)"
             )
 
@@ -146,12 +146,12 @@ def _step_and_args(result: Any, path: Path) -> tuple[Any, Any]:
     """`workload(mesh)`'s result as (step, args), or what is wrong with it."""
     must = f"{path.name}: {ENTRY_POINT}(mesh) must return (step, args)"
     if not isinstance(result, tuple):
-        raise FlintError(f"{must}, a tuple, but returned a {type(result).__name__}")
+        raise FlintError(f"{must}, a tuple, but returned an object of type {type(result).__name__}")
     if len(result) != 2:
         raise FlintError(f"{must}, but returned a tuple of {len(result)}")
     if not callable(result[0]):
         raise FlintError(
-            f"{must}, but its first element is a {type(result[0]).__name__}, not a callable step "
+            f"{must}, but its first element is of type {type(result[0]).__name__}, not a callable step "
             "function: return the function itself, not its name or its result"
         )
     return result

@@ -70,8 +70,8 @@ def _tensors(value):
     if isinstance(layers, list) and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
         return {"keys": [layer.keys for layer in layers], "values": [layer.values for layer in layers]}
     raise FlintError(
-        f"the model's output holds a {type(value).__name__}: return tensors (in dicts, lists or "
-        "tuples) from forward(model, batch)"
+        f"the model's output holds an object of type {type(value).__name__}: return tensors (in dicts, "
+        "lists or tuples) from forward(model, batch)"
     )
 
 
@@ -82,8 +82,8 @@ def _loss(value):
     loss = value.get("loss") if isinstance(value, Mapping) else value
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise FlintError(
-            f"loss_fn(model, batch) returned a {type(value).__name__} without a scalar loss: return "
-            "the loss (a transformers model computes one when the batch has labels)"
+            f"loss_fn(model, batch) returned an object of type {type(value).__name__} without a scalar loss: "
+            "return the loss (a transformers model computes one when the batch has labels)"
         )
     return loss
 
