@@ -57,8 +57,20 @@ def test_a_spec_expands_to_its_grid(tmp_path):
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nlayers = [2]\n', "[grid] key 'layers' is not model_args"),
     ('[mesh]\nshapes = ["8"]\n', "give the model file"),
     ('model = "m.py"\n[mesh]\nshapes = ["data=0"]\n', "invalid --mesh 'data=0'"),
-])
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\nnetwork = "hgx"\n', "[mesh] key 'network' is not shapes, ranks or axes"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\nranks = 8\n', "[mesh] gives shapes and ranks or axes"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nstrategy = ["dp", "dq"]\n', "strategy 'dq' is not one of dp,"),
+    ('model = "m.py"\nschedule = "zb"\n[mesh]\nshapes = ["8"]\n', "schedule 'zb' is not one of gpipe, 1f1b"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nmicrobatches = [4, 0]\n', "microbatches 0 is not a positive"),
+    ('model = "m.py"\ndonate = "yes"\n[mesh]\nshapes = ["8"]\n', "donate must be true or false"),
+    ('model = "m.py"\nnetwork = "hgx-z"\n[mesh]\nshapes = ["8"]\n', "unknown network 'hgx-z': use one of"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nnetwork = ["missing.toml"]\n', "'missing.toml' not found"),
+    ('model = "m.py"\ndevice = "h1000"\n[mesh]\nshapes = ["8"]\n', "unknown --device 'h1000'"),
+    ('model = "m.py"\nbackend = "gpu:h1000"\n[mesh]\nshapes = ["8"]\n', "--backend gpu:h1000: no such GPU"),
+], ids=["no-shapes", "grid-key", "no-model", "bad-mesh", "mesh-key", "mesh-both", "strategy", "schedule",
+        "microbatches", "donate", "network", "network-file", "device", "backend"])
 def test_a_bad_spec_is_one_line(tmp_path, text, message):
+    """Refused before any point runs: a value no point could run with is not a skipped point."""
     spec = tmp_path / "bad.toml"
     spec.write_text(text)
     run = flint("sweep", spec, "-o", tmp_path / "out")

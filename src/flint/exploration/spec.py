@@ -17,7 +17,8 @@
 
 A mesh axis named `pp` (or `stage`) larger than 1 pipelines the model over that many stages; the
 pipeline options (schedule, microbatches, virtual_stages) apply only there, so on a mesh without one
-their variants are the same point, skipped with that reason.
+their variants are the same point, skipped with that reason. Every value is checked as it is read:
+one that no point could run with refuses the spec, where it would otherwise skip points one by one.
 """
 
 from __future__ import annotations
@@ -31,13 +32,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flint.compile.backend import parse_backend
+from flint.compile.capture import STAGES
+from flint.devices import load_device
+from flint.devices.kernels import DURATIONS
 from flint.errors import FlintError, read_toml
+from flint.layout.presets import STRATEGIES
 from flint.mesh import parse_mesh
+from flint.pipelining.schedules import SCHEDULES
+from flint.step.models import COLLECTIVE_MODELS
+from flint.step.network_files import BUILTIN_NETWORKS, load_network_file
 
 OPTIONS = ("backend", "stage", "strategy", "device", "network", "collectives", "durations", "donate", "schedule",
            "microbatches", "virtual_stages")
 """What a point may set besides its mesh and model arguments (extract's and simulate's options)."""
 PIPELINE_OPTIONS = ("schedule", "microbatches", "virtual_stages")
+CHOICES = {"strategy": STRATEGIES, "schedule": SCHEDULES, "durations": DURATIONS, "stage": STAGES,
+           "collectives": COLLECTIVE_MODELS}
+"""The options whose values are names from a list (extract's and simulate's)."""
 STAGE_AXES = ("pp", "stage")
 
 
@@ -92,13 +104,49 @@ def read_spec(path: Path) -> SweepSpec:
         raise FlintError(f"sweep spec {path}: [grid] key {bad[0]!r} is not model_args or one of {', '.join(OPTIONS)}")
     fixed = {k: data[k] for k in OPTIONS if k in data}
     axes = {k: _values(grid[k], k, path) for k in OPTIONS if k in grid}
-    donate = ([fixed["donate"]] if "donate" in fixed else []) + axes.get("donate", [])
-    if not all(isinstance(value, bool) for value in donate):
-        raise FlintError(f"sweep spec {path}: donate must be true or false")
+    for option in OPTIONS:
+        for value in ([fixed[option]] if option in fixed else []) + axes.get(option, []):
+            _check_option(option, value, path)
     model_axes = {k: _values(v, f"model_args.{k}", path) for k, v in grid.get("model_args", {}).items()}
     fixed_args = data.get("model_args", {})
     points, skipped = _expand(_meshes(data.get("mesh"), path), fixed, axes, fixed_args, model_axes)
     return SweepSpec(path, (path.parent / model).resolve(), tuple(points), skipped)
+
+
+def _check_option(option: str, value: Any, path: Path) -> None:
+    """One line, before any point runs, for a value no point could run with."""
+    where = f"sweep spec {path}: {option} {value!r}"
+    if option in CHOICES and value not in CHOICES[option]:
+        raise FlintError(f"{where} is not one of {', '.join(CHOICES[option])}")
+    if option == "donate" and not isinstance(value, bool):
+        raise FlintError(f"{where}: donate must be true or false")
+    if option in ("microbatches", "virtual_stages") and (isinstance(value, bool) or not isinstance(value, int)
+                                                         or value < 1):
+        raise FlintError(f"{where} is not a positive integer")
+    if option not in ("backend", "device", "network"):
+        return
+    if not isinstance(value, str):
+        raise FlintError(f"{where} is not a name or a file")
+    try:
+        if option == "backend":
+            parse_backend(value)
+        elif option == "device":
+            load_device(value)
+        elif value not in BUILTIN_NETWORKS:
+            _check_network_file(Path(value))
+    except FlintError as exc:
+        raise FlintError(f"sweep spec {path}: {exc}") from None
+
+
+def _check_network_file(network: Path) -> None:
+    """A network file must read; an ASTRA-sim YAML must exist (its NPUs are checked per mesh)."""
+    if network.suffix == ".toml":
+        load_network_file(network)
+    elif network.suffix not in (".yml", ".yaml"):
+        raise FlintError(f"unknown network {str(network)!r}: use one of {', '.join(BUILTIN_NETWORKS)}, a network "
+                         "file (.toml) or an ASTRA-sim network (.yml)")
+    elif not network.is_file():
+        raise FlintError(f"network file {str(network)!r} not found")
 
 
 def _values(value: Any, key: str, path: Path) -> list:
@@ -113,6 +161,11 @@ def _meshes(mesh: Any, path: Path) -> list[str]:
     if not isinstance(mesh, dict) or not ({"shapes"} <= set(mesh) or {"ranks", "axes"} <= set(mesh)):
         raise FlintError(f"sweep spec {path}: give [mesh] shapes = [\"data=8,tensor=8\", ...], or ranks = N "
                          "and axes = [\"data\", \"tensor\"]")
+    unknown = sorted(set(mesh) - {"shapes", "ranks", "axes"})
+    if unknown:
+        raise FlintError(f"sweep spec {path}: [mesh] key {unknown[0]!r} is not shapes, ranks or axes")
+    if "shapes" in mesh and {"ranks", "axes"} & set(mesh):
+        raise FlintError(f"sweep spec {path}: [mesh] gives shapes and ranks or axes: give shapes, or ranks and axes")
     if "shapes" in mesh:
         shapes = _values(mesh["shapes"], "mesh.shapes", path)
         for shape in shapes:
