@@ -67,8 +67,10 @@ def test_a_spec_expands_to_its_grid(tmp_path):
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nnetwork = ["missing.toml"]\n', "'missing.toml' not found"),
     ('model = "m.py"\ndevice = "h1000"\n[mesh]\nshapes = ["8"]\n', "unknown --device 'h1000'"),
     ('model = "m.py"\nbackend = "gpu:h1000"\n[mesh]\nshapes = ["8"]\n', "--backend gpu:h1000: no such GPU"),
+    ('model = "m.py"\nmodel_args = 3\n[mesh]\nshapes = ["8"]\n', "model_args is 3, not a table"),
+    ('model = "m.py"\ngrid = [1]\n[mesh]\nshapes = ["8"]\n', "grid is [1], not a table"),
 ], ids=["no-shapes", "grid-key", "no-model", "bad-mesh", "mesh-key", "mesh-both", "strategy", "schedule",
-        "microbatches", "donate", "network", "network-file", "device", "backend"])
+        "microbatches", "donate", "network", "network-file", "device", "backend", "model-args", "grid"])
 def test_a_bad_spec_is_one_line(tmp_path, text, message):
     """Refused before any point runs: a value no point could run with is not a skipped point."""
     spec = tmp_path / "bad.toml"

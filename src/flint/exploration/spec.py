@@ -99,8 +99,12 @@ def read_spec(path: Path) -> SweepSpec:
         raise FlintError(f"sweep spec {path}: unknown key {sorted(unknown)[0]!r}: use model, mesh, grid, "
                          f"model_args or one of {', '.join(OPTIONS)}")
     grid = data.get("grid", {})
-    if not isinstance(grid, dict) or set(grid) - {"model_args", *OPTIONS}:
-        bad = sorted(set(grid) - {"model_args", *OPTIONS}) if isinstance(grid, dict) else ["grid"]
+    for table, value in (("grid", grid), ("model_args", data.get("model_args", {})),
+                         ("grid.model_args", grid.get("model_args", {}) if isinstance(grid, dict) else {})):
+        if not isinstance(value, dict):
+            raise FlintError(f"sweep spec {path}: {table} is {value!r}, not a table: write [{table}] and its keys")
+    if set(grid) - {"model_args", *OPTIONS}:
+        bad = sorted(set(grid) - {"model_args", *OPTIONS})
         raise FlintError(f"sweep spec {path}: [grid] key {bad[0]!r} is not model_args or one of {', '.join(OPTIONS)}")
     fixed = {k: data[k] for k in OPTIONS if k in data}
     axes = {k: _values(grid[k], k, path) for k in OPTIONS if k in grid}
