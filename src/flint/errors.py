@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -42,6 +43,12 @@ def number_field(table: dict, key: str, *, positive: bool = False, default: floa
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise ValueError(f"{key} is {value!r}, not a finite number {'above 0' if positive else 'of at least 0'}")
     return float(value)
+
+
+def optional_field(field: Callable[..., float], table: dict, key: str, **options) -> float | None:
+    """`field(table, key, **options)` where `key` is there and not null (JSON's), else None: a
+    number whose absence means something of its own (a model's default, not a value)."""
+    return field(table, key, **options) if table.get(key) is not None else None
 
 
 def fraction_field(table: dict, key: str, *, default: float | None = None) -> float:

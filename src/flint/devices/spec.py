@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, fraction_field, number_field
+from flint.errors import FlintError, fraction_field, number_field, optional_field
 
 
 @dataclass(frozen=True)
@@ -134,17 +134,16 @@ def _device(data, origin: str) -> Device:
             name=str(data["name"]),
             peak_tflops=number_field(data, "peak_tflops", positive=True),
             mem_bw_gbps=number_field(data, "mem_bw_gbps", positive=True),
-            vector_tflops=(number_field(data, "vector_tflops", positive=True)
-                           if data.get("vector_tflops") is not None else None),
+            vector_tflops=optional_field(number_field, data, "vector_tflops", positive=True),
             compute_units=int(number_field(data, "compute_units", positive=True)) if "compute_units" in data else 1,
             calibration=Calibration(
                 gemm_efficiency=fraction_field(calibration, "gemm_efficiency", default=1.0),
-                gemm_efficiency_8bit=_optional_fraction(calibration, "gemm_efficiency_8bit"),
+                gemm_efficiency_8bit=optional_field(fraction_field, calibration, "gemm_efficiency_8bit"),
                 gemm_tile=(tile[0], tile[1]),
                 gemm_k_overhead=number_field(calibration, "gemm_k_overhead", default=0.0),
                 memory_efficiency=fraction_field(calibration, "memory_efficiency", default=1.0),
-                transpose_efficiency=_optional_fraction(calibration, "transpose_efficiency"),
-                triton_efficiency=_optional_fraction(calibration, "triton_efficiency"),
+                transpose_efficiency=optional_field(fraction_field, calibration, "transpose_efficiency"),
+                triton_efficiency=optional_field(fraction_field, calibration, "triton_efficiency"),
                 kernel_overhead_us=number_field(calibration, "kernel_overhead_us", default=0.0),
             ),
             sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
@@ -155,12 +154,6 @@ def _device(data, origin: str) -> Device:
             f"({type(exc).__name__}: {exc})"
         ) from None
     return device
-
-
-def _optional_fraction(data: dict, key: str) -> float | None:
-    """`data[key]` as a fraction, or None where it is absent: that kind of kernel is timed at
-    `memory_efficiency`."""
-    return fraction_field(data, key) if data.get(key) is not None else None
 
 
 BUILTIN: dict[str, Device] = _builtin()

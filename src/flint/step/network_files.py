@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, fraction_field, number_field, read_toml
+from flint.errors import FlintError, fraction_field, number_field, optional_field, read_toml
 
 FOLDER = "networks"
 CONSTANTS = "nccl.toml"
@@ -122,8 +122,8 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             channels=_count(node, "channels") if "channels" in node else NodeTier.channels,
             nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
             nvls_latency_us=number_field(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
-            ring_simple_hop_us=number_field(node, "ring_simple_hop_us") if "ring_simple_hop_us" in node else None,
-            ll128_bus_fraction=fraction_field(node, "ll128_bus_fraction") if "ll128_bus_fraction" in node else None,
+            ring_simple_hop_us=optional_field(number_field, node, "ring_simple_hop_us"),
+            ll128_bus_fraction=optional_field(fraction_field, node, "ll128_bus_fraction"),
             astra_sim_gbps=number_field(node, "astra_sim_gbps", positive=True, default=NodeTier.astra_sim_gbps),
             astra_sim_latency_ns=number_field(node, "astra_sim_latency_ns", default=NodeTier.astra_sim_latency_ns),
         )
