@@ -144,6 +144,22 @@ def test_many_nodes_keep_a_small_all_reduce_to_tens_of_microseconds():
     assert ring == pytest.approx(6.6 + 448 * 1.0 + 62 * 2.7)
 
 
+def test_a_node_without_nvlink_runs_no_ll128(tmp_path):
+    """NCCL enables LL128 only over NVLink (tuning.cc: typeIntra <= PATH_NVB), Hopper included. A
+    PCI node of 8 H100 at 50 GB/s, 4 MiB: Ring Simple, 8.4 + 14 x 5.7 µs (PCI's Simple step) at 50 x
+    8 / 14 GB/s, before Ring LL, 6.6 + 14 x 1.0 µs at 25 x 8 / 14."""
+    path = tmp_path / "pcie.toml"
+    path.write_text('name = "pcie"\narchitecture = "hopper"\ncpu = "intel"\n[node]\ngpus = 8\nlink = "pci"\n'
+                    "bus_gbps = 50\n")
+    model = NcclModel(network_for(str(path), [("tensor", 8)]))
+    assert {p for _, p, _, _ in model.candidates(pb.ALL_REDUCE, 4 * MIB, Placement(8, 1))} == {"LL", "Simple"}
+    choice = model.choose(pb.ALL_REDUCE, 4 * MIB, Placement(8, 1))
+    assert (choice.algorithm, choice.protocol) == ("Ring", "Simple")
+    assert choice.micros == pytest.approx(8.4 + 14 * 5.7 + 4 * MIB / (50 * 8 / 14 * 1e3))
+    ll = candidate(model, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "LL")
+    assert ll == pytest.approx((6.6 + 14 * 1.0, 25 * 8 / 14))
+
+
 def test_collnet_where_the_network_switches_reduce(tmp_path):
     """With SHARP in the scale-out network, 4 nodes of 8: CollNet Direct, 2 (min(1, 7) x 3.7 + 7 x
     0.4) + 31 = 44.0 µs, at 0.85 x min(370.8, 8 x 47) / 2 GB/s."""

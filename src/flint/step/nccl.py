@@ -48,8 +48,8 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
 - PAT: base + log2(nodes) inter / 3.5 + 2.8 N.
 
 Which exist (tuning.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with NVLink SHARP,
-across nodes only with SHARP in the network (as CollNet Direct); LL128 from Hopper on (on NVLink
-before); PAT with one GPU per node; broadcast on the ring only.
+across nodes only with SHARP in the network (as CollNet Direct); LL128 on NVLink nodes (not over
+PCI); PAT with one GPU per node; broadcast on the ring only.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -223,8 +223,9 @@ class NcclModel:
         return found
 
     def _ll128(self) -> bool:
-        arch = NCCL["architecture"][self.cluster.architecture]
-        return arch["ll128_default"] or self.cluster.node.link == "nvlink"
+        """NCCL enables LL128 only where a node's GPUs reach each other over NVLink (tuning.cc:
+        typeIntra at most PATH_NVB), on every architecture."""
+        return self.cluster.node.link == "nvlink"
 
     # -- bandwidths --------------------------------------------------------------------------------
 
