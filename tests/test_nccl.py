@@ -236,7 +236,8 @@ def test_a_bad_network_file_is_one_line(tmp_path):
     path.write_text('name = "bad"\n[node]\ngpus = 8\nbus_gbps = 200\nll128_bus_fraction = 1.5\n')
     with pytest.raises(FlintError, match=r"is not valid: .*ll128_bus_fraction is 1.5, not a fraction"):
         network_for(str(path), [("tensor", 8)])
-    path.write_text('name = "bad"\n[node]\ngpus = 8\nbus_gbps = 200\n[scale_out]\nnics = 8\nnic_gbps = 47\nsharp = "no"\n')
+    path.write_text('name = "bad"\n[node]\ngpus = 8\nbus_gbps = 200\n'
+                    '[scale_out]\nnics = 8\nnic_gbps = 47\nsharp = "no"\n')
     with pytest.raises(FlintError, match=r"is not valid: .*sharp is 'no', not true or false"):
         network_for(str(path), [("tensor", 8)])
 

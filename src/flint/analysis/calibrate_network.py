@@ -15,8 +15,9 @@ its best), in turns with the bandwidth until they hold:
 
 A number the sizes leave loose (a step either way, the bandwidth refitted, fits them as well:
 LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the
-file's own value where that fits as well, and is not reported as fitted. A run whose largest size does not depend on its bandwidth (an LL ring at its cap) cannot
-fit it, and is refused, as is one whose largest size took less than the model's latency.
+file's own value where that fits as well, and is not reported as fitted. A run whose largest size
+does not depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one
+whose largest size took less than the model's latency.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants

@@ -2,9 +2,10 @@
 
 nccl-tests (`all_reduce_perf`, `all_gather_perf`, ..., `sendrecv_perf`) print one row per size:
 size (B), count, type, redop, root, then out-of-place time (µs), algbw, busbw, #wrong, then the
-same in place (older versions lack redop and root). Flint reads the size and the in-place time (the last group of four
-columns), the collective from the file's name or its "Collective test starting" line, and the
-ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D" lines where there are any.
+same in place (older versions lack redop and root). Flint reads the size and the in-place time
+(the last group of four columns), the collective from the file's name or its "Collective test
+starting" line, and the ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D"
+lines where there are any.
 """
 
 from __future__ import annotations
