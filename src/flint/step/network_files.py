@@ -17,7 +17,8 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
 `architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other: not x86) pick NCCL's
 constants (`networks/nccl.toml`). Each tier also gives the link bandwidth and hop latency
 ASTRA-sim's analytical backend is handed (`astra_sim_gbps`, `astra_sim_latency_ns`):
-`flint.step.network` lays those out over the mesh. `flint calibrate --network` writes a file of this form.
+`flint.step.network` lays those out over the mesh. `flint calibrate --network` writes a file of
+this form.
 """
 
 from __future__ import annotations
