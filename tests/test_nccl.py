@@ -84,6 +84,20 @@ def test_across_two_nodes_small_all_reduces_take_the_tree():
     assert mib.micros == pytest.approx(48.5 + MIB / (0.92 * 370.8 * 120 / 128 / 2 * 0.6 * 1e3))
 
 
+def test_tree_simple_across_nodes_and_where_the_tree_correction_ends():
+    """Tree Simple on 2 nodes: 8.4 + 2 (7 x 4.0 + 1 x 14) = 92.4 µs (4 nodes: 2 x 14 between
+    them, 120.4), at min(0.92 x 370.8, 16 x 41.4) / 2 GB/s, x NCCL's tree correction: 0.8 at 64 MiB
+    (2^20 x 64 B); none at 512 MiB, past the table's entries for Tree (2^23 x 64 B)."""
+    shape = Placement(16, 2)
+    bus = 0.92 * 370.8
+    for size, correction in ((64 * MIB, 0.8), (512 * MIB, 1.0)):
+        tree = candidate(TWO_NODES, pb.ALL_REDUCE, size, shape, "Tree", "Simple")
+        assert tree == pytest.approx((92.4, bus / 2 * correction))
+    four = NcclModel(network_for("hgx", [("data", 4), ("tensor", 8)]))
+    latency, _ = candidate(four, pb.ALL_REDUCE, 64 * MIB, Placement(32, 4), "Tree", "Simple")
+    assert latency == pytest.approx(120.4)
+
+
 def test_across_two_nodes_large_all_reduces_take_nvls_tree():
     """1 GiB on 2 nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(480, 2 x 8 x 47, 16 x 57.7)
     x 16 / 30 GB/s."""
