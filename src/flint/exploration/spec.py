@@ -123,7 +123,7 @@ def _check_option(option: str, value: Any, path: Path) -> None:
     if option in CHOICES and value not in CHOICES[option]:
         raise FlintError(f"{where} is not one of {', '.join(CHOICES[option])}")
     if option == "donate" and not isinstance(value, bool):
-        raise FlintError(f"{where}: donate must be true or false")
+        raise FlintError(f"{where} is not true or false")
     if option in ("microbatches", "virtual_stages") and (isinstance(value, bool) or not isinstance(value, int)
                                                          or value < 1):
         raise FlintError(f"{where} is not a positive integer")
