@@ -168,5 +168,5 @@ def test_a_sweep_point_can_keep_its_arguments(tmp_path):
     assert "--donate" not in extract_command(Path("m.py"), Point("data=2"), tmp_path)
     spec = tmp_path / "s.toml"
     spec.write_text('model = "m.py"\ndonate = "no"\n[mesh]\nshapes = ["data=2"]\n')
-    with pytest.raises(Exception, match="donate must be true or false"):
+    with pytest.raises(Exception, match="donate 'no' is not true or false"):
         read_spec(spec)
