@@ -63,7 +63,7 @@ def test_a_spec_expands_to_its_grid(tmp_path):
     ('model = "m.py"\nschedule = "zb"\n[mesh]\nshapes = ["8"]\n', "schedule 'zb' is not one of gpipe, 1f1b"),
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nmicrobatches = [4, 0]\n', "microbatches 0 is not a positive"),
     ('model = "m.py"\ndonate = "yes"\n[mesh]\nshapes = ["8"]\n', "donate 'yes' is not true or false"),
-    ('model = "m.py"\nnetwork = "hgx-z"\n[mesh]\nshapes = ["8"]\n', "unknown network 'hgx-z': use one of"),
+    ('model = "m.py"\nnetwork = "hgx-z"\n[mesh]\nshapes = ["8"]\n', "unknown --network 'hgx-z': use one of"),
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nnetwork = ["missing.toml"]\n', "'missing.toml' not found"),
     ('model = "m.py"\ndevice = "h1000"\n[mesh]\nshapes = ["8"]\n', "unknown --device 'h1000'"),
     ('model = "m.py"\nbackend = "gpu:h1000"\n[mesh]\nshapes = ["8"]\n', "--backend gpu:h1000: no such GPU"),

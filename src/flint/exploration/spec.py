@@ -41,7 +41,7 @@ from flint.layout.presets import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.pipelining.schedules import SCHEDULES
 from flint.step.models import COLLECTIVE_MODELS
-from flint.step.network_files import BUILTIN_NETWORKS, load_network_file
+from flint.step.network import read_network_spec
 
 OPTIONS = ("backend", "stage", "strategy", "device", "network", "collectives", "durations", "donate", "schedule",
            "microbatches", "virtual_stages")
@@ -136,21 +136,10 @@ def _check_option(option: str, value: Any, path: Path) -> None:
             parse_backend(value)
         elif option == "device":
             load_device(value)
-        elif value not in BUILTIN_NETWORKS:
-            _check_network_file(Path(value))
+        else:
+            read_network_spec(value)  # an ASTRA-sim YAML's NPUs are checked against each point's mesh
     except FlintError as exc:
         raise FlintError(f"sweep spec {path}: {exc}") from None
-
-
-def _check_network_file(network: Path) -> None:
-    """A network file must read; an ASTRA-sim YAML must exist (its NPUs are checked per mesh)."""
-    if network.suffix == ".toml":
-        load_network_file(network)
-    elif network.suffix not in (".yml", ".yaml"):
-        raise FlintError(f"unknown network {str(network)!r}: use one of {', '.join(BUILTIN_NETWORKS)}, a network "
-                         "file (.toml) or an ASTRA-sim network (.yml)")
-    elif not network.is_file():
-        raise FlintError(f"network file {str(network)!r} not found")
 
 
 def _values(value: Any, key: str, path: Path) -> list:

@@ -144,17 +144,24 @@ def one_link(num_ranks: int, bandwidth_gbps: float, latency_ns: float) -> Networ
     return Network((dimension,), name, _cluster_of((dimension,), name))
 
 
-def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
-    """The network `spec` (a preset name, a network file or an ASTRA-sim YAML file) for a mesh of
-    `axes` (name and size, outermost first, as the manifest records them)."""
+def read_network_spec(spec: str) -> NetworkFile | Network:
+    """What `spec` names, read and checked before any mesh: a preset's or network file's fabric,
+    or an ASTRA-sim YAML file's dimensions (whose NPUs must then match the mesh's ranks)."""
     path = Path(spec)
     if spec in BUILTIN_NETWORKS or path.suffix == ".toml":
-        cluster = BUILTIN_NETWORKS.get(spec) or load_network_file(path)
-        return Network(_lay_out(tiers(cluster), axes), cluster.name, cluster)
+        return BUILTIN_NETWORKS.get(spec) or load_network_file(path)
     if path.suffix not in (".yml", ".yaml"):
         raise FlintError(f"unknown --network {spec!r}: use one of {', '.join(PRESETS)}, a network file "
                          "(.toml) or an ASTRA-sim network (.yml)")
-    network = read_network(path)
+    return read_network(path)
+
+
+def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
+    """The network `spec` (a preset name, a network file or an ASTRA-sim YAML file) for a mesh of
+    `axes` (name and size, outermost first, as the manifest records them)."""
+    network = read_network_spec(spec)
+    if isinstance(network, NetworkFile):
+        return Network(_lay_out(tiers(network), axes), network.name, network)
     ranks = math.prod(size for _, size in axes)
     if network.npus != ranks:
         sizes = "x".join(str(d.npus) for d in network.dimensions)
