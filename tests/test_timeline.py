@@ -176,6 +176,18 @@ def test_cli_refuses_a_trace_that_breaks_the_contract(tmp_path: Path) -> None:
     run = flint("timeline", trace.write(tmp_path), "-o", tmp_path / "step.json")
     assert run.returncode == 2
     assert "breaks the trace contract" in run.stderr and "send-recv-match" in run.stderr
+    assert run.stderr.rstrip().endswith(f"run `flint check {tmp_path}`")
+
+
+def test_the_contract_refusal_names_the_groups_file_it_was_given(tmp_path: Path) -> None:
+    """`flint check DIR` alone would read the groups beside the rank files and find no fault."""
+    directory = two_ranks().write(tmp_path)
+    other = tmp_path.parent / f"{tmp_path.name}-groups.json"
+    other.write_text("{}")
+    run = flint("timeline", directory, "--groups", other, "-o", tmp_path / "step.json")
+    assert run.returncode == 2 and "[pg-name]" in run.stderr
+    assert run.stderr.rstrip().endswith(f"run `flint check {directory} --groups {other}`")
+    assert flint("check", directory).returncode == 0
 
 
 def two_stages() -> TraceSet:

@@ -184,7 +184,7 @@ def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = Non
     if violations:
         raise FlintError(
             f"{files.directory} breaks the trace contract ({len(violations)} violations, first: "
-            f"{violations[0]}): run `flint check {files.directory}`"
+            f"{violations[0]}): run `{files.check_command()}`"
         )
     traces = (files.trace(path) for path in files.paths)  # each let go once the schedule has taken it in
     return schedule(traces, files.groups, timer_for(files.groups, len(files.paths)), issue, detail)

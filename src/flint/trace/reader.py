@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -278,6 +279,14 @@ class TraceFiles:
         """A file of the set, decoded: what a reader before held of it, else read from disk."""
         held = self.held.pop(path, None)
         return held if isinstance(held, RankTrace) else read_trace(path, held)
+
+    def check_command(self) -> str:
+        """The `flint check` command that judges this set as it was opened: with its groups file
+        where that is not the one beside the rank files."""
+        words = ["flint", "check", str(self.directory)]
+        if self.groups_path is not None and self.groups_path != comm_groups_path(self.directory, self.prefix):
+            words += ["--groups", str(self.groups_path)]
+        return shlex.join(words)
 
 
 def locate_traces(
