@@ -150,3 +150,22 @@ def test_graph_of_an_undecodable_file_is_one_line(tmp_path: Path) -> None:
     (line,) = result.stderr.splitlines()
     assert "flint.2.et: message at byte" in line
     assert line.endswith("`flint check` lists all its problems")
+
+
+def test_inspect_warns_of_collectives_it_cannot_time(tmp_path: Path) -> None:
+    """Groups 1 and 2 (each rank's pair all-reduce) missing from the named groups file: one warning
+    for the 4 ranks' 4 all-reduces, which are left out of the heaviest nodes; all-ranks collectives
+    need no file."""
+    directory = valid_trace().write(tmp_path)
+    other = tmp_path.parent / f"{tmp_path.name}-other.json"
+    other.write_text(json.dumps({"3": [0, 1, 2, 3]}))
+    run = flint("inspect", directory, "--json", "--groups", other)
+    assert run.returncode == 0, run.stderr
+    assert f"4 collectives name a group that {other} lacks" in run.stderr
+    assert f"flint check {directory} --groups {other}" in run.stderr
+    ranks = {s["rank"]: s for s in json.loads(run.stdout)}
+    assert {"kind": "all_reduce", "group_size": None, "count": 1, "bytes": 1024} in \
+        ranks[1]["collectives_by_group_size"]
+    assert "all_reduce" not in [n["type"] for n in ranks[1]["heaviest"]]
+    run = flint("inspect", directory, "--json")
+    assert run.returncode == 0 and "warning" not in run.stderr

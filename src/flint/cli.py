@@ -565,6 +565,13 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
                                model=collectives)
     timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
     summaries = [summarize(_read_trace(f), timer) for f in files.paths]
+    ungrouped = sum(s.ungrouped for s in summaries)
+    if ungrouped:
+        source = f"{files.groups_path} lacks" if files.groups_path.exists() else \
+            f"no groups file gives ({files.groups_path} does not exist)"
+        stderr.print(f"[yellow]warning:[/] {escape(f'{ungrouped:,} collectives name a group that {source}')}: "
+                     f"untimed, so not among the heaviest nodes; `{escape(files.check_command())}` lists them",
+                     highlight=False, soft_wrap=True)
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return

@@ -73,6 +73,11 @@ class TraceSummary:
         return self.collectives.get(RECV, (0, 0))[0]
 
     @property
+    def ungrouped(self) -> int:
+        """Collectives whose group the groups file lacks: untimed, so absent from `heaviest`."""
+        return sum(count for (_, n), (count, _) in self.by_group_size.items() if n is None)
+
+    @property
     def group_collectives(self) -> dict[str, tuple[int, int]]:
         """`collectives` without the halves of point-to-point transfers."""
         return {k: v for k, v in self.collectives.items() if k not in (SEND, RECV)}
@@ -142,8 +147,10 @@ def summarize(trace: RankTrace, timer: NodeTimer) -> TraceSummary:
 
 
 def heaviest_nodes(nodes: Sequence[pb.Node], timer: NodeTimer, k: int = HEAVIEST) -> list[HeavyNode]:
-    """The `k` nodes that take longest (ties: lowest id first)."""
-    timed = heapq.nsmallest(k, ((-timer.micros(n), n.id, n) for n in nodes), key=lambda t: t[:2])
+    """The `k` nodes that take longest (ties: lowest id first), of those that can be timed: not a
+    collective whose group the groups file lacks."""
+    timable = (n for n in nodes if n.type != pb.COMM_COLL_NODE or timer.group_ranks(n) is not None)
+    timed = heapq.nsmallest(k, ((-timer.micros(n), n.id, n) for n in timable), key=lambda t: t[:2])
     return [
         HeavyNode(
             id=node.id,
