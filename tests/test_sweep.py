@@ -10,12 +10,14 @@ in bf16, are all-reduced over the data group.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import pytest
 from conftest import EXAMPLES, flint
 
 from flint.exploration.spec import factorizations, read_spec
+from flint.frontend.model_file import declared_signature
 
 BF16 = 2
 
@@ -77,6 +80,59 @@ def test_a_bad_spec_is_one_line(tmp_path, text, message):
     spec.write_text(text)
     run = flint("sweep", spec, "-o", tmp_path / "out")
     assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("workload, fixed, grid, message", [
+    ("def workload(mesh, batch=8, width=1024):", "", "model_args = { widht = [1, 2] }",
+     "workload(mesh, ...) has no model argument 'widht': it takes batch, width"),
+    ("def workload(mesh, layers=2, *, width):", "model_args = { layers = 4 }", "",
+     "workload(mesh, ...) needs the model argument 'width': give model_args.width in the spec"),
+    ("def workload():", "", "", "workload must take the mesh first"),
+], ids=["unknown", "missing", "no-mesh"])
+def test_model_args_the_workload_cannot_take_are_refused_before_any_point(tmp_path, workload, fixed, grid, message):
+    """Each point would import the file and be skipped for the same reason, one by one."""
+    (tmp_path / "mlp.py").write_text(f"import sys\n\n\n{workload}\n    return None\n")
+    spec = tmp_path / "bad.toml"
+    spec.write_text(f'model = "mlp.py"\n{fixed}\n[mesh]\nshapes = ["8"]\n[grid]\n{grid}\n')
+    run = flint("sweep", spec, "-o", tmp_path / "out")
+    assert run.returncode == 2 and f"sweep spec {spec}: mlp.py: {message}" in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", [
+    "def workload(mesh, **model_args):\n    pass\n",
+    "import functools\n\n\n@functools.cache\ndef workload(mesh):\n    pass\n",
+    "def make():\n    return lambda mesh, widht: None\n\n\nworkload = make()\n",
+    "from models import *\n\n\ndef workload(mesh):\n    pass\n",
+    "def model():\n    pass\n\n\ndef example_inputs():\n    pass\n",
+    "def workload(mesh:\n",
+], ids=["kwargs", "decorated", "assigned", "star-import", "torch", "syntax-error"])
+def test_a_workload_its_text_does_not_settle_is_left_to_each_point(tmp_path, text):
+    (tmp_path / "model.py").write_text(text)
+    spec = tmp_path / "sweep.toml"
+    spec.write_text('model = "model.py"\nmodel_args = { widht = 2 }\n[mesh]\nshapes = ["8"]\n')
+    assert [p.model_args for p in read_spec(spec).points] == [{"widht": 2}]
+
+
+def test_a_declared_signature_is_the_one_python_makes():
+    text = "def workload(mesh, /, a, b=1, *rest, c, d=2, **kw):\n    pass\n"
+    declared = declared_signature_of(text)
+    made = inspect.signature(_defined(text))
+    assert [(p.name, p.kind, p.default is p.empty) for p in declared.parameters.values()] == \
+        [(p.name, p.kind, p.default is p.empty) for p in made.parameters.values()]
+
+
+def declared_signature_of(text: str) -> inspect.Signature:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "model.py"
+        path.write_text(text)
+        return declared_signature(path)
+
+
+def _defined(text: str):
+    namespace: dict = {}
+    exec(text, namespace)
+    return namespace["workload"]
 
 
 def write_mlp_spec(tmp_path: Path) -> Path:

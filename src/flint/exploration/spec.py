@@ -37,6 +37,7 @@ from flint.compile.capture import STAGES
 from flint.devices import load_device
 from flint.devices.kernels import DURATIONS
 from flint.errors import FlintError, read_toml
+from flint.frontend.model_file import check_model_args, declared_signature
 from flint.layout.presets import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.pipelining.schedules import SCHEDULES
@@ -113,8 +114,21 @@ def read_spec(path: Path) -> SweepSpec:
             _check_option(option, value, path)
     model_axes = {k: _values(v, f"model_args.{k}", path) for k, v in grid.get("model_args", {}).items()}
     fixed_args = data.get("model_args", {})
+    model_path = (path.parent / model).resolve()
+    _check_model_args(model_path, [*fixed_args, *model_axes], path)
     points, skipped = _expand(_meshes(data.get("mesh"), path), fixed, axes, fixed_args, model_axes)
-    return SweepSpec(path, (path.parent / model).resolve(), tuple(points), skipped)
+    return SweepSpec(path, model_path, tuple(points), skipped)
+
+
+def _check_model_args(model: Path, names: list[str], path: Path) -> None:
+    """Refuse model argument names that the model file's workload, as its text declares it, does not
+    take (or one it needs that none gives): each point would be skipped for it, one by one."""
+    signature = declared_signature(model)
+    if signature is not None:
+        try:
+            check_model_args(signature, dict.fromkeys(names), model, give="model_args.{} in the spec")
+        except FlintError as exc:
+            raise FlintError(f"sweep spec {path}: {exc}") from None
 
 
 def _check_option(option: str, value: Any, path: Path) -> None:

@@ -173,10 +173,11 @@ def parse_model_arg(text: str) -> tuple[str, Any]:
         return name, value
 
 
-def _check_model_args(entry, model_args: Mapping[str, Any], path: Path) -> None:
+def check_model_args(signature: inspect.Signature, model_args: Mapping[str, Any], path: Path,
+                     give: str = "--model-arg {}=VALUE") -> None:
     """Refuse, before anything runs, a `workload` that does not take the mesh first, a model
-    argument that it does not take and one that it needs and is not given."""
-    signature = inspect.signature(entry)
+    argument that it does not take and one that it needs and is not given (`give` says how to give
+    it)."""
     kinds = [p.kind for p in signature.parameters.values()]
     if not kinds or kinds[0] not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                      inspect.Parameter.VAR_POSITIONAL):
@@ -197,8 +198,55 @@ def _check_model_args(entry, model_args: Mapping[str, Any], path: Path) -> None:
                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if missing:
             raise FlintError(f"{path.name}: {ENTRY_POINT}(mesh, ...) needs the model argument {missing[0]!r}: "
-                             f"give --model-arg {missing[0]}=VALUE") from None
+                             f"give {give.format(missing[0])}") from None
         raise FlintError(f"{path.name}: {ENTRY_POINT}(mesh, ...) cannot take these model arguments: {exc}") from None
+
+
+def declared_signature(path: Path) -> inspect.Signature | None:
+    """The signature of a model file's `workload` as its text declares it, read without running
+    the file, so that a sweep can check its model arguments once rather than in every point's
+    process (defaults stand unevaluated). None where the text does not settle it: a file that
+    does not parse, or whose name `workload` is bound other than by one plain top-level def (a
+    decorator, an assignment, an import, a PyTorch model file's absence of it)."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    binds = [node for node in ast.walk(tree) if ENTRY_POINT in _names_bound(node)]
+    if len(binds) != 1 or binds[0] not in tree.body or not isinstance(binds[0], ast.FunctionDef) \
+            or binds[0].decorator_list:
+        return None
+    return _signature(binds[0].args)
+
+
+def _names_bound(node: ast.AST) -> set[str]:
+    """The names a syntax node binds (`*` for a star import, which may bind any)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        return {node.id}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = {(a.asname or a.name).split(".")[0] for a in node.names}
+        return names | ({ENTRY_POINT} if "*" in names else set())
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return set(node.names)
+    return set()
+
+
+def _signature(args: ast.arguments) -> inspect.Signature:
+    """An `inspect.Signature` of a def's arguments; each default is its unevaluated expression."""
+    p = inspect.Parameter
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [p.empty] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    params = [p(a.arg, p.POSITIONAL_ONLY if i < len(args.posonlyargs) else p.POSITIONAL_OR_KEYWORD, default=d)
+              for i, (a, d) in enumerate(zip(positional, defaults))]
+    if args.vararg is not None:
+        params.append(p(args.vararg.arg, p.VAR_POSITIONAL))
+    params += [p(a.arg, p.KEYWORD_ONLY, default=p.empty if d is None else d)
+               for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg is not None:
+        params.append(p(args.kwarg.arg, p.VAR_KEYWORD))
+    return inspect.Signature(params)
 
 
 def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None) -> Workload:
@@ -214,7 +262,7 @@ def load_workload(path: Path, mesh, model_args: Mapping[str, Any] | None = None)
             f"model file {path.name} defines no {ENTRY_POINT}(mesh) function: add one returning "
             "(step, args) with args as jax.ShapeDtypeStructs (see examples/mlp.py)"
         )
-    _check_model_args(entry, model_args, path)
+    check_model_args(inspect.signature(entry), model_args, path)
     try:
         result = entry(mesh, **model_args)
     except (Exception, SystemExit) as exc:
