@@ -50,6 +50,14 @@ def test_a_workload_signature_that_does_not_fit_is_one_line(tmp_path, signature,
     assert_refused(flint("extract", model, "--mesh", "8", "-o", out, *args), out, *words)
 
 
+@pytest.mark.parametrize("batch, shape", [("abc", "('abc', 1024)"), ("-8", "(-8, 1024)"), ("True", "(True, 1024)")])
+def test_an_input_size_that_is_no_size_is_one_line(tmp_path, batch, shape):
+    """mlp.py's input x is (batch, 1024): a batch that is text, negative or a bool is no size."""
+    out = tmp_path / "out"
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2", "-o", out, "--model-arg", f"batch={batch}")
+    assert_refused(run, out, f"input args[1]['x'] has shape {shape}", "whole number, 0 or more")
+
+
 def test_not_a_python_file(tmp_path):
     model = tmp_path / "model.txt"
     model.write_text("x = 1\n")

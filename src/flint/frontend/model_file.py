@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
+import operator
 import sys
 import traceback
 from collections.abc import Mapping
@@ -102,6 +103,19 @@ def _check_inputs(args: tuple[Any, ...], path: Path) -> None:
                 f"{path.name}: input args{jax.tree_util.keystr(keypath)} is of type {type(leaf).__name__}, "
                 "not a jax.ShapeDtypeStruct: describe inputs by shape, dtype and sharding (no real arrays)"
             )
+        if not all(_is_size(d) for d in leaf.shape):
+            raise FlintError(
+                f"{path.name}: input args{jax.tree_util.keystr(keypath)} has shape {tuple(leaf.shape)}: each "
+                "dimension must be a whole number, 0 or more: check the model arguments that size it"
+            )
+
+
+def _is_size(dim: Any) -> bool:
+    """A dimension's size: an integer (numpy's too), not a bool, not negative."""
+    try:
+        return not isinstance(dim, bool) and operator.index(dim) >= 0
+    except TypeError:
+        return False
 
 
 def _logical_rules(module, path: Path, mesh):
