@@ -58,6 +58,17 @@ def test_an_input_size_that_is_no_size_is_one_line(tmp_path, batch, shape):
     assert_refused(run, out, f"input args[1]['x'] has shape {shape}", "whole number, 0 or more")
 
 
+@pytest.mark.parametrize("where, words", [
+    ("file", ("--dump-ir", "exists and is not a directory")),
+    ("out/ir", ("--dump-ir", "is inside the output", "which the trace replaces")),
+], ids=["a-file", "inside-the-output"])
+def test_a_dump_dir_that_cannot_keep_the_ir_is_one_line(tmp_path, where, words):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "out"
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", "2", "-o", out, "--dump-ir", tmp_path / where)
+    assert_refused(run, out, *words)
+
+
 def test_not_a_python_file(tmp_path):
     model = tmp_path / "model.txt"
     model.write_text("x = 1\n")

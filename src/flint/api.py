@@ -20,7 +20,7 @@ from typing import Any
 
 from flint.compile.backend import DEFAULT_BACKEND, parse_backend
 from flint.devices import load_device
-from flint.emit import check_name, prepare_output
+from flint.emit import check_dump_dir, check_name, prepare_output
 from flint.errors import FlintError
 from flint.exploration import SweepRequest, run_sweep
 from flint.frontend import parse_model_arg
@@ -52,14 +52,15 @@ def extract_request(model: str | Path, mesh: str, output: str | Path, *, backend
         arguments = tuple(model_args.items())
     else:
         arguments = tuple(parse_model_arg(arg) for arg in model_args or ())
+    output = prepare_output(Path(output), force)
     return ExtractRequest(
         model=Path(model),
         mesh=parse_mesh(mesh),
-        output=prepare_output(Path(output), force),
+        output=output,
         device=load_device(device or parsed_backend.roofline_device),
         name=check_name(name),
         stage=stage or parsed_backend.default_stage,
-        dump_ir=Path(dump_ir) if dump_ir else None,
+        dump_ir=check_dump_dir(Path(dump_ir) if dump_ir else None, output),
         strict=strict,
         loop_trips=loop_trips,
         backend=parsed_backend,

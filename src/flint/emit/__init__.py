@@ -19,7 +19,7 @@ from flint.emit.pipelined import PipelinedPlan
 from flint.emit.plan import GraphPlan, Planned, TracePlan
 from flint.emit.summary import RankTotals, merged_totals
 from flint.emit.verify import check_emitted
-from flint.emit.writer import OutputDir, check_name, disk_errors, prepare_output
+from flint.emit.writer import OutputDir, check_dump_dir, check_name, disk_errors, prepare_output
 
 __all__ = [
     "ChakraEmitter",
@@ -32,6 +32,7 @@ __all__ = [
     "RankTotals",
     "TracePlan",
     "TraceSize",
+    "check_dump_dir",
     "check_emitted",
     "check_name",
     "disk_errors",

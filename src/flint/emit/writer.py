@@ -52,6 +52,19 @@ def _check_writable(path: Path) -> None:
         ) from None
 
 
+def check_dump_dir(path: Path | None, output: Path) -> Path | None:
+    """`path` if the traced IR may be written there: a directory (or none yet) outside `output`,
+    which the finished trace replaces whole."""
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
+        raise FlintError(f"--dump-ir {str(path)!r} exists and is not a directory: choose another --dump-ir")
+    if path.resolve().is_relative_to(output.resolve()):
+        raise FlintError(f"--dump-ir {str(path)!r} is inside the output {str(output)!r}, which the trace replaces: "
+                         "choose a --dump-ir outside -o")
+    return path
+
+
 def check_name(name: str | None) -> str | None:
     """`name` if it is a plain file name: trace files are `NAME.<rank>.et` in the output directory,
     and a path separator or `..` would put them outside it."""
