@@ -169,3 +169,32 @@ def test_inspect_warns_of_collectives_it_cannot_time(tmp_path: Path) -> None:
     assert "all_reduce" not in [n["type"] for n in ranks[1]["heaviest"]]
     run = flint("inspect", directory, "--json")
     assert run.returncode == 0 and "warning" not in run.stderr
+
+
+def test_a_rank_the_path_does_not_hold_is_one_line_naming_what_it_holds(tmp_path: Path) -> None:
+    directory = valid_trace().write(tmp_path)
+    run = flint("graph", directory / "flint.2.et", "--rank", "3", "-o", tmp_path / "g.dot")
+    assert run.returncode == 2 and "flint.2.et holds rank 2, not rank 3: drop --rank" in run.stderr
+    assert not (tmp_path / "g.dot").exists()
+    run = flint("graph", directory / "flint.2.et", "-o", tmp_path / "g.dot")
+    assert run.returncode == 0 and (tmp_path / "g.dot").read_text().startswith('digraph "rank 2"')
+    run = flint("inspect", directory, "--rank", "7")
+    assert run.returncode == 2 and "no trace file for rank 7; its files are of ranks 0 to 3" in run.stderr
+
+
+def test_a_groups_file_that_is_no_object_names_that_file(tmp_path: Path) -> None:
+    directory = valid_trace().write(tmp_path)
+    other = tmp_path.parent / f"{tmp_path.name}-list.json"
+    other.write_text("[]")
+    run = flint("inspect", directory, "--groups", other)
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"error: {other}: comm groups must be a JSON object: correct it, or name the " \
+                                 "trace's groups file with --groups"
+
+
+@pytest.mark.parametrize("command", [("graph", "-o"), ("timeline", "-o"), ("timeline", "-o", "t.json", "--plot")])
+def test_an_output_file_in_a_missing_directory_is_refused_before_any_work(tmp_path: Path, command) -> None:
+    directory = valid_trace().write(tmp_path)
+    run = flint(command[0], directory, *command[1:], tmp_path / "missing" / "out.png", cwd=tmp_path)
+    assert run.returncode == 2 and f"directory '{tmp_path / 'missing'}'" in run.stderr
+    assert "does not exist: create it first" in run.stderr and not (tmp_path / "t.json").exists()

@@ -401,6 +401,19 @@ def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups
     return _located(path, lambda: locate_traces(path, prefix, rank, groups))
 
 
+class OutputFile(click.Path):
+    """A file a command writes, refused before any work where its directory does not exist."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, dir_okay=False)
+
+    def convert(self, value, param, ctx) -> Path:
+        path = super().convert(value, param, ctx)
+        if not path.absolute().parent.is_dir():
+            self.fail(f"directory {str(path.parent)!r} of {str(path)!r} does not exist: create it first", param, ctx)
+        return path
+
+
 def _plot_option(help_text: str):
     """--plot FILE: a figure, refused before any work unless matplotlib writes its format."""
     def check(ctx, param, value: Path | None) -> Path | None:
@@ -408,7 +421,7 @@ def _plot_option(help_text: str):
             raise click.BadParameter(f"{str(value)!r} is not a .png, .svg or .pdf file")
         return value
 
-    return click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), callback=check,
+    return click.option("--plot", type=OutputFile(), callback=check,
                         help=help_text)
 
 
@@ -436,10 +449,16 @@ def _exists(path: Path) -> None:
 
 def _located(path: Path, lookup):
     """What `lookup` of the trace files at `path` refuses (none there, several prefixes, an
-    unreadable group file), as one line."""
+    unreadable groups file, a rank it lacks), as one line."""
+    from flint.trace.errors import GroupsFileError, TraceLookupError
+
     _exists(path)
     try:
         return lookup()
+    except GroupsFileError as exc:
+        raise FlintError(f"{exc}: correct it, or name the trace's groups file with --groups") from None
+    except TraceLookupError as exc:
+        raise FlintError(str(exc)) from None
     except (FileNotFoundError, ValueError) as exc:
         raise FlintError(f"{exc}: give a directory that holds <prefix>.<rank>.et files") from None
 
@@ -632,7 +651,7 @@ def check(directory, prefix, num_ranks, groups_file, as_json):
 
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+@click.option("-o", "--output", type=OutputFile(), required=True,
               help="Chrome trace-event JSON to write (open it in ui.perfetto.dev).")
 @_plot_option("Also draw per-rank bars of compute / exposed communication (PNG, SVG, PDF; matplotlib).")
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
@@ -917,7 +936,7 @@ def _branches(count: int) -> str:
 @main.command()
 @click.argument("pairs", nargs=-1, required=True, type=click.Path(path_type=Path),
                 metavar="PROFILE TRACE [...] | NCCL_TESTS...")
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+@click.option("-o", "--output", type=OutputFile(), required=True,
               help="Device file (.toml, for --device) or, with --network, network file (.toml, for "
                    "--network) to write.")
 @click.option("--rank", type=int, default=0, show_default=True, help="The traces' rank that was profiled.")
@@ -996,8 +1015,8 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
 
 @main.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--rank", type=int, default=0, show_default=True, help="The rank to draw.")
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+@click.option("--rank", type=int, help="The rank to draw [default: PATH's, where it is one .et file; else 0].")
+@click.option("-o", "--output", type=OutputFile(), required=True,
               help="File to write: .dot/.gv (DOT text) or .svg/.png/.pdf (needs Graphviz's dot).")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=MAX_NODES, show_default=True,
               help="Refuse ranks with more nodes than this.")
@@ -1016,7 +1035,7 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     from flint.step.models import reader_collectives
     from flint.trace.timing import Link, NodeTimer
 
-    files = _trace_files(path, prefix, None if path.is_file() else rank, groups_file)
+    files = _trace_files(path, prefix, 0 if rank is None and not path.is_file() else rank, groups_file)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
     timer = NodeTimer(_compute(files, device_spec, durations), Link(), files.groups, files.num_ranks, model)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from flint.schema import et_def_pb2
-from flint.trace.errors import TraceFormatError
+from flint.trace.errors import GroupsFileError, TraceFormatError, TraceLookupError
 from flint.trace.framing import iter_delimited, load_bytes
 
 _Message = TypeVar("_Message", bound=Message)
@@ -180,20 +180,23 @@ def read_comm_groups(path: str | os.PathLike[str]) -> dict[int, tuple[int, ...]]
     Semantic rules (id 0, singleton groups, rank range, duplicates) need the rank count and
     are left to the contract checker so that it can report all of them at once.
     """
-    raw = _read_json(path, "comm groups")
+    try:
+        raw = _read_json(path, "comm groups")
+    except TraceFormatError as exc:
+        raise GroupsFileError(str(exc)) from exc
     if not isinstance(raw, dict):
-        raise TraceFormatError(f"{path}: comm groups must be a JSON object")
+        raise GroupsFileError(f"{path}: comm groups must be a JSON object")
     groups: dict[int, tuple[int, ...]] = {}
     for key, ranks in raw.items():
         if not _GROUP_ID.fullmatch(key):
-            raise TraceFormatError(
+            raise GroupsFileError(
                 f"{path}: group id {key[:40]!r} is not a decimal string of {GROUP_ID_DIGITS} "
                 "digits at most"
             )
         if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
-            raise TraceFormatError(f"{path}: group {key} must be a list of integer ranks")
+            raise GroupsFileError(f"{path}: group {key} must be a list of integer ranks")
         if int(key) in groups:
-            raise TraceFormatError(f"{path}: group id {int(key)} appears twice")
+            raise GroupsFileError(f"{path}: group id {int(key)} appears twice")
         groups[int(key)] = tuple(ranks)
     return groups
 
@@ -303,7 +306,8 @@ def locate_traces(
     if path.is_file():
         parsed = parse_trace_name(path)
         if parsed is None:
-            raise TraceFormatError(f"{path}: name is not <prefix>.<rank>.et[.gz]")
+            raise TraceLookupError(f"{path}: a rank file's name says its rank, as <prefix>.<rank>.et[.gz] "
+                                   "(mlp.0.et): rename it so")
         prefix, chosen = parsed[0], [path]
         path = path.parent
     prefix, paths = find_traces(path, prefix)
@@ -315,9 +319,14 @@ def locate_traces(
     one_per_class = recorded is not None and len(paths) < recorded
     chosen = chosen or paths
     if rank is not None:
+        held = sorted(parse_trace_name(p)[1] for p in chosen)
+        if rank not in held and len(chosen) == 1:
+            raise TraceLookupError(f"{chosen[0]} holds rank {held[0]}, not rank {rank}: drop --rank, or give "
+                                   "the directory")
+        if rank not in held:
+            raise TraceLookupError(f"{path}: no trace file for rank {rank}; its files are of ranks {held[0]} to "
+                                   f"{held[-1]}: choose one of those")
         chosen = [p for p in chosen if parse_trace_name(p)[1] == rank]
-        if not chosen:
-            raise FileNotFoundError(f"{path}: no trace file for rank {rank}")
     return TraceFiles(chosen, groups, num_ranks, one_per_class, path, prefix, manifest, problem, groups_path)
 
 
