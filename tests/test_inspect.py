@@ -198,3 +198,15 @@ def test_an_output_file_in_a_missing_directory_is_refused_before_any_work(tmp_pa
     run = flint(command[0], directory, *command[1:], tmp_path / "missing" / "out.png", cwd=tmp_path)
     assert run.returncode == 2 and f"directory '{tmp_path / 'missing'}'" in run.stderr
     assert "does not exist: create it first" in run.stderr and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("options, words", [
+    (("--link-gbps", "nan"), "'nan' is not a finite number"),
+    (("--collectives", "astra-sim", "--link-latency-us", "inf"), "'inf' is not a finite number"),
+    (("--network", "hgx", "--link-gbps", "100"), "--network hgx and --link-gbps or --link-latency-us each say"),
+], ids=["nan", "inf", "network-and-link"])
+def test_a_link_that_is_no_number_or_a_second_network_is_refused(tmp_path: Path, options, words) -> None:
+    """nan passes every range check (it compares false); a network given twice would drop one silently."""
+    directory = valid_trace().write(tmp_path)
+    run = flint("inspect", directory, *options)
+    assert run.returncode == 2 and words in run.stderr and not run.stdout

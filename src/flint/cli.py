@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import signal
 import sys
@@ -401,6 +402,16 @@ def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups
     return _located(path, lambda: locate_traces(path, prefix, rank, groups))
 
 
+class FiniteFloat(click.FloatRange):
+    """A number in a range; nan, which compares false with every bound, and infinities are none."""
+
+    def convert(self, value, param, ctx) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 class OutputFile(click.Path):
     """A file a command writes, refused before any work where its directory does not exist."""
 
@@ -498,9 +509,9 @@ def _timing_options(command):
     from flint.trace.timing import DEFAULT_LINK_GBPS, DEFAULT_LINK_LATENCY_US
 
     for option in (
-        click.option("--link-latency-us", type=click.FloatRange(min=0), default=DEFAULT_LINK_LATENCY_US,
+        click.option("--link-latency-us", type=FiniteFloat(min=0), default=DEFAULT_LINK_LATENCY_US,
                      show_default=True, help="Link latency per ring step (alpha), in µs."),
-        click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
+        click.option("--link-gbps", type=FiniteFloat(min=0, min_open=True),
                      default=DEFAULT_LINK_GBPS, show_default=True,
                      help="Link bandwidth per rank in GB/s (10^9 bytes/s)."),
     ):
@@ -511,14 +522,15 @@ def _timing_options(command):
 def _network_options(command):
     """--network, --collectives, --link-gbps, --link-latency-us: the network communication is timed
     on and how (flint.step.nccl, flint.step.astra_sim), as flint simulate's estimator times it."""
+    from flint.step.models import DEFAULT_NETWORK
     from flint.step.network_files import BUILTIN_NETWORKS
 
     for option in (
-        click.option("--link-latency-us", type=click.FloatRange(min=0),
+        click.option("--link-latency-us", type=FiniteFloat(min=0),
                      help="Instead of --network: every rank one hop from every other, this latency per hop "
                           "in µs (ASTRA-sim's; with --collectives astra-sim) [default with --link-gbps: the "
                           "flat network's]."),
-        click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
+        click.option("--link-gbps", type=FiniteFloat(min=0, min_open=True),
                      help="Instead of --network: every rank one hop from every other at this bandwidth "
                           "(GB/s, as ASTRA-sim reads its network files) [default with --link-latency-us: "
                           "the flat network's]."),
@@ -527,9 +539,9 @@ def _network_options(command):
                      help="How collectives are timed: as NCCL runs them (its algorithms, protocols and "
                           "tuner, on the network file's bandwidths), or as ASTRA-sim's analytical backend "
                           "times them (a ring per network dimension)."),
-        click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
+        click.option("--network", metavar="NETWORK",
                      help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/step/networks/), a network "
-                          "file (.toml), or an ASTRA-sim network (.yml)."),
+                          f"file (.toml), or an ASTRA-sim network (.yml) [default: {DEFAULT_NETWORK}]."),
     ):
         command = option(command)
     return command
@@ -729,7 +741,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
               help="With ASTRA-sim, also give the estimator's step (flint timeline's) on the same network.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--timeout", type=FiniteFloat(min=0, min_open=True), metavar="SECONDS",
               help="Stop ASTRA-sim after this long.")
 @click.option("--engine", type=click.Choice(["flint", "astra-sim", "auto"]),
               help="What gives the step [default: flint; astra-sim with --astra-sim]: Flint's estimator (flint timeline's schedule, collectives as "

@@ -37,6 +37,9 @@ def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks:
     if model == "nccl" and link_latency_us is not None:
         raise FlintError("--link-latency-us sets ASTRA-sim's hop latency, which NCCL's model does not use: "
                          "add --collectives astra-sim, or give --link-gbps alone")
+    if network is not None and (link_gbps is not None or link_latency_us is not None):
+        raise FlintError(f"--network {network} and --link-gbps or --link-latency-us each say what the network is: "
+                         "give one of them")
     if link_gbps is not None or link_latency_us is not None:
         flat = PRESETS["flat"][0]
         chosen = one_link(num_ranks, flat.bandwidth_gbps if link_gbps is None else link_gbps,
