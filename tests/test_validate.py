@@ -239,23 +239,30 @@ def test_model_arguments_are_validated_as_extracted(tmp_path: Path) -> None:
     the manifest of a trace extracted with them. Per rank, as the CPU compiler runs it (bf16
     widened to f32): the tensor group's all-reduce of the [128 rows, 256] activation (131,072 B)
     and the data group's of the weight-gradient shards 2 x [256, 128] plus the loss (262,148 B).
-    A --model-arg other than the trace's is refused in one line."""
+    A --model-arg other than the trace's is refused in one line. Both runs time the same module's
+    compute with the calibrated model on an H100 (--durations), so they predict the same times."""
     args = ("--model-arg", "width=256", "--model-arg", "hidden=512")
     out = tmp_path / "traces"
     extract(EXAMPLES / "mlp.py", "2x4", out, "--stage", "optimized", *args)
-    for run in (flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out, "--json"),
-                flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", *args, "--json")):
+    predicted = []
+    for run in (flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out, "--json",
+                      "--durations", "calibrated"),
+                flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", *args, "--json", "--durations", "calibrated")):
         assert run.returncode == 0, run.stdout + run.stderr
         report = json.loads(run.stdout)
         assert report["ok"]
+        predicted.append({row["kind"]: row["predicted_us_per_rank"] for row in report["kinds"]})
         for rank in range(8):
             tensor = [rank // 4 * 4 + t for t in range(4)]
             data = [rank % 4, rank % 4 + 4]
             assert transfers(report, rank) == sorted(
                 [("ALL_REDUCE", tensor, 128 * 256 * 4), ("ALL_REDUCE", data, 2 * 256 * 128 * 4 + 4)]
             )
+    assert predicted[0] == predicted[1] and predicted[0]["dot"] > 0
     run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--traces", out, "--model-arg", "width=512")
     assert run.returncode == 2 and "--model-arg" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--durations", "trace", "--device", "b200")
+    assert run.returncode == 2 and "--device times compute again" in run.stderr
 
 
 def test_traces_are_validated_with_the_layout_they_were_extracted_with(tmp_path: Path) -> None:

@@ -872,14 +872,21 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
     from flint.analysis.validate import validate as run_validate
     from flint.frontend import parse_model_arg
     from flint.analysis.views import validation_view
-    from flint.trace.timing import Link
+    from flint.trace.timing import Compute, Link, reader_compute
 
-    # A fresh extraction is written on --device; a given trace is timed as the other readers time it.
-    compute = _compute(_trace_files(traces, None), device_spec, durations) if traces else None
+    # A given trace is timed as the other readers time it. A fresh one is extracted on --device (an
+    # H100 without one) with roofline durations, which are its own, so it is timed likewise.
+    device = load_device(device_spec or "h100")
+    if traces:
+        compute = _compute(_trace_files(traces, None), device_spec, durations)
+    elif device_spec:
+        compute = reader_compute(device_spec, durations, None)
+    else:
+        compute = Compute(device, "roofline" if durations in (None, "trace") else durations)
     request = ValidateRequest(
         model=model,
         mesh=parse_mesh(mesh_spec),
-        device=load_device(device_spec or "h100"),
+        device=device,
         compute=compute,
         link=Link(link_gbps, link_latency_us),
         traces=traces,
@@ -902,7 +909,7 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
         stdout.print(f"compute ops per rank: {', '.join(map(str, executed))} executed, "
                      f"{', '.join(map(str, traced))} in the trace"
                      + ("" if verdict.compute_counts_agree else " [yellow](counts differ)[/]"))
-        stdout.print(validation_view(verdict, (compute.label if compute else f"roofline on {request.device.name}")))
+        stdout.print(validation_view(verdict, compute.label))
     if not verdict.ok:
         stderr.print(f"[bold red]the graph and the execution disagree on {len(verdict.disagreements)} "
                      "transfers[/]")
