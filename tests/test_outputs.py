@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import EXAMPLES, extract
+from conftest import EXAMPLES, MODELS, extract, flint
 
 from flint.trace.reader import attr_value, read_trace
 
@@ -63,3 +63,17 @@ def test_json_summary_matches_manifest(tmp_path):
     del per_rank["ranks"]
     assert summary["per_rank"] == per_rank
     assert summary["files"] == 8 + 3
+
+
+def test_json_stays_json_when_the_model_file_prints(tmp_path):
+    """What the model file writes to standard output, from Python or native code, goes to standard
+    error: standard output is the command's answer alone."""
+    printed = ["printed on import", "written to fd 1 on import", "printed by workload", "printed while tracing"]
+    extracted = flint("extract", MODELS / "prints.py", "--mesh", "2", "--backend", "cpu", "-o", tmp_path / "t",
+                      "--json")
+    validated = flint("validate", MODELS / "prints.py", "--mesh", "2", "--json")
+    for run in (extracted, validated):
+        assert run.returncode == 0, run.stderr
+        json.loads(run.stdout)
+        assert all(line in run.stderr for line in printed), run.stderr
+    assert json.loads(extracted.stdout)["ranks"] == 2

@@ -872,6 +872,7 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
     from flint.analysis.validate import validate as run_validate
     from flint.frontend import parse_model_arg
     from flint.analysis.views import validation_view
+    from flint.isolation import stdout_to_stderr
     from flint.trace.timing import Compute, Link, reader_compute
 
     # A given trace is timed as the other readers time it. A fresh one is extracted on --device (an
@@ -893,7 +894,8 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
         command=shlex.join(["flint", *sys.argv[1:]]),
         model_args=tuple(map(parse_model_arg, model_args)),
     )
-    verdict, execution = run_validate(request)
+    with stdout_to_stderr():
+        verdict, execution = run_validate(request)
     if as_json:
         click.echo(json.dumps(verdict.as_json(), indent=2))
     else:

@@ -196,6 +196,7 @@ def _detach(scratch: Path, parent: int) -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above
         os._exit(1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # see `stdout_to_stderr`: the parent alone answers
     os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
 
 
@@ -206,6 +207,22 @@ def _portable(exc: BaseException) -> BaseException:
         return pickle.loads(pickle.dumps(exc))
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send what is written to standard output meanwhile (a model file's prints, from Python or
+    native code) to standard error: standard output carries the command's answer, which `--json`
+    keeps to JSON alone."""
+    _flush()
+    saved = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        yield
+    finally:
+        _flush()
+        os.dup2(saved, sys.stdout.fileno())
+        os.close(saved)
 
 
 def _flush() -> None:
