@@ -153,22 +153,37 @@ def test_graph_of_an_undecodable_file_is_one_line(tmp_path: Path) -> None:
 
 
 def test_inspect_warns_of_collectives_it_cannot_time(tmp_path: Path) -> None:
-    """Groups 1 and 2 (each rank's pair all-reduce) missing from the named groups file: one warning
-    for the 4 ranks' 4 all-reduces, which are left out of the heaviest nodes; all-ranks collectives
-    need no file."""
+    """Groups 1 and 2 (each rank's pair all-reduce) missing from the named groups file: the whole set
+    breaks the contract (4 pg-name errors, said once as simulate says it); one rank's file alone
+    cannot be checked, and its one all-reduce is said to be untimed. Either way the all-reduces are
+    left out of the heaviest nodes; all-ranks collectives need no file."""
     directory = valid_trace().write(tmp_path)
     other = tmp_path.parent / f"{tmp_path.name}-other.json"
     other.write_text(json.dumps({"3": [0, 1, 2, 3]}))
     run = flint("inspect", directory, "--json", "--groups", other)
     assert run.returncode == 0, run.stderr
-    assert f"4 collectives name a group that {other} lacks" in run.stderr
-    assert f"flint check {directory} --groups {other}" in run.stderr
+    assert f"{directory} breaks the trace contract (4 violations, first: rank 0 node 2: group 1" in run.stderr
+    assert run.stderr.rstrip().endswith(f"run `flint check {directory} --groups {other}`")
     ranks = {s["rank"]: s for s in json.loads(run.stdout)}
     assert {"kind": "all_reduce", "group_size": None, "count": 1, "bytes": 1024} in \
         ranks[1]["collectives_by_group_size"]
     assert "all_reduce" not in [n["type"] for n in ranks[1]["heaviest"]]
+    run = flint("inspect", directory / "flint.1.et", "--json", "--groups", other)
+    assert run.returncode == 0, run.stderr
+    assert f"1 collective names a group that {other} lacks: untimed" in run.stderr
     run = flint("inspect", directory, "--json")
     assert run.returncode == 0 and "warning" not in run.stderr
+
+
+def test_inspect_warns_of_a_groups_file_that_breaks_the_contract(tmp_path: Path) -> None:
+    """A rank outside the set in group 1 would time its all-reduce as if it spanned ranks that do
+    not exist."""
+    trace = valid_trace()
+    trace.groups["1"] = [0, 9]
+    directory = trace.write(tmp_path)
+    run = flint("inspect", directory)
+    assert run.returncode == 0
+    assert "breaks the trace contract" in run.stderr and "group 1 has ranks [9] outside 0..3" in run.stderr
 
 
 def test_a_rank_the_path_does_not_hold_is_one_line_naming_what_it_holds(tmp_path: Path) -> None:

@@ -474,13 +474,13 @@ def _located(path: Path, lookup):
         raise FlintError(f"{exc}: give a directory that holds <prefix>.<rank>.et files") from None
 
 
-def _read_trace(path: Path):
-    """One rank file, decoded; one that does not decode is bad input, not a bug: one line."""
+def _read_trace(files, path: Path):
+    """One rank file of an opened set, decoded; one that does not decode is bad input, not a bug:
+    one line."""
     from flint.trace.errors import TraceFormatError
-    from flint.trace.reader import read_trace
 
     try:
-        return read_trace(path)
+        return files.trace(path)
     except TraceFormatError as exc:
         message = f"not a readable Chakra trace: {exc}: `flint check` lists all its problems"
         raise FlintError(message) from None
@@ -588,6 +588,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     from flint.analysis.summary import summarize
     from flint.analysis.views import inspect_view
     from flint.step.models import reader_collectives
+    from flint.trace.contract import contract_breach
     from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, rank, groups_file)
@@ -595,12 +596,19 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
     timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
-    summaries = [summarize(_read_trace(f), timer) for f in files.paths]
+    # A whole set is checked as simulate checks it, but summarised all the same (another producer's
+    # trace may be worth a look); a part of one cannot be checked alone.
+    whole = rank is None and path.is_dir() and not files.one_per_class
+    breach = contract_breach(files) if whole else None
+    summaries = [summarize(_read_trace(files, f), timer) for f in files.paths]  # or one line, unwarned
+    if breach:
+        stderr.print(f"[yellow]warning:[/] {escape(breach)}", highlight=False, soft_wrap=True)
     ungrouped = sum(s.ungrouped for s in summaries)
-    if ungrouped:
+    if ungrouped and not breach:
         source = f"{files.groups_path} lacks" if files.groups_path.exists() else \
             f"no groups file gives ({files.groups_path} does not exist)"
-        stderr.print(f"[yellow]warning:[/] {escape(f'{ungrouped:,} collectives name a group that {source}')}: "
+        counted = "1 collective names" if ungrouped == 1 else f"{ungrouped:,} collectives name"
+        stderr.print(f"[yellow]warning:[/] {escape(f'{counted} a group that {source}')}: "
                      f"untimed, so not among the heaviest nodes; `{escape(files.check_command())}` lists them",
                      highlight=False, soft_wrap=True)
     if as_json:
@@ -1014,7 +1022,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
         files = _trace_files(trace, None, None if trace.is_file() else rank)
         base = reader_compute(device_spec, "calibrated", _manifest_of(files)).device
         bases.setdefault(base.name, base)
-        steps.append(ProfiledStep(step_name(profile), read_profile(profile), _read_trace(files.paths[0])))
+        steps.append(ProfiledStep(step_name(profile), read_profile(profile), _read_trace(files, files.paths[0])))
     if len(bases) > 1:
         raise FlintError(f"the traces were extracted for different devices ({', '.join(sorted(bases))}): "
                          "give --device to say whose peaks to keep")
@@ -1060,5 +1068,5 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
     timer = NodeTimer(_compute(files, device_spec, durations), Link(), files.groups, files.num_ranks, model)
-    write_graph(_read_trace(files.paths[0]), timer, output, max_nodes)
+    write_graph(_read_trace(files, files.paths[0]), timer, output, max_nodes)
     stdout.print(f"wrote {output}")

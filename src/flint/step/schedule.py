@@ -46,7 +46,7 @@ from typing import Any
 
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.trace.contract import check_traces
+from flint.trace.contract import contract_breach
 from flint.trace.node_rules import ALL_RANKS
 from flint.trace.reader import (
     RankTrace,
@@ -180,12 +180,9 @@ def schedule_trace_set(files: TraceFiles, timer_for, by_class: bool | None = Non
                                               detail)
                 except FlintError:
                     pass  # representatives that never meet: every rank is scheduled, and checked
-    violations = [v for v in check_traces(files.directory, opened=files) if v.is_error]
-    if violations:
-        raise FlintError(
-            f"{files.directory} breaks the trace contract ({len(violations)} violations, first: "
-            f"{violations[0]}): run `{files.check_command()}`"
-        )
+    breach = contract_breach(files)
+    if breach:
+        raise FlintError(breach)
     traces = (files.trace(path) for path in files.paths)  # each let go once the schedule has taken it in
     return schedule(traces, files.groups, timer_for(files.groups, len(files.paths)), issue, detail)
 

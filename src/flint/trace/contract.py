@@ -193,6 +193,17 @@ def check_traces(
     return _fold_warnings(violations)
 
 
+def contract_breach(files: TraceFiles) -> str | None:
+    """What a reader says of an opened trace set (`locate_traces`, every rank's file) that breaks
+    the contract: its errors' count, the first and the check that lists them all; None for one that
+    keeps it. Each file is left `held` in the set for the reader."""
+    errors = [v for v in check_traces(files.directory, opened=files) if v.is_error]
+    if not errors:
+        return None
+    return (f"{files.directory} breaks the trace contract ({len(errors)} violations, first: {errors[0]}): "
+            f"run `{files.check_command()}`")
+
+
 PER_CLASS_SET = (
     "the set holds one file per rank class (flint extract --rank-files classes), which Flint's estimator "
     "reads; ASTRA-sim needs every rank's: extract again with --rank-files all"
