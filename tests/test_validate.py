@@ -239,7 +239,7 @@ def test_model_arguments_are_validated_as_extracted(tmp_path: Path) -> None:
     the manifest of a trace extracted with them. Per rank, as the CPU compiler runs it (bf16
     widened to f32): the tensor group's all-reduce of the [128 rows, 256] activation (131,072 B)
     and the data group's of the weight-gradient shards 2 x [256, 128] plus the loss (262,148 B).
-    A --model-arg other than the trace's is refused in one line. Both runs time the same module's
+    A --model-arg or mesh other than the trace's is refused in one line. Both runs time the same module's
     compute with the calibrated model on an H100 (--durations), so they predict the same times."""
     args = ("--model-arg", "width=256", "--model-arg", "hidden=512")
     out = tmp_path / "traces"
@@ -263,6 +263,8 @@ def test_model_arguments_are_validated_as_extracted(tmp_path: Path) -> None:
     assert run.returncode == 2 and "--model-arg" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "2x4", "--durations", "trace", "--device", "b200")
     assert run.returncode == 2 and "--device times compute again" in run.stderr
+    run = flint("validate", EXAMPLES / "mlp.py", "--mesh", "4x2", "--traces", out, *args)
+    assert run.returncode == 2 and "was extracted for mesh data=2,tensor=4, not data=4,tensor=2" in run.stderr
 
 
 def test_traces_are_validated_with_the_layout_they_were_extracted_with(tmp_path: Path) -> None:

@@ -159,7 +159,7 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
 
     layout, model_args, donate = LayoutRequest(), request.model_args, True
     if request.traces is not None:
-        layout, model_args, donate = _as_traced(request.traces, model_args)
+        layout, model_args, donate = _as_traced(request.traces, request.mesh, model_args)
     with tempfile.TemporaryDirectory(prefix="flint-validate-") as tmp:
         extraction = extract(
             ExtractRequest(
@@ -187,11 +187,11 @@ def validate(request: ValidateRequest) -> tuple[Validation, Execution]:
 
 
 def _as_traced(
-    directory: Path, model_args: tuple[tuple[str, Any], ...]
+    directory: Path, mesh: MeshSpec, model_args: tuple[tuple[str, Any], ...]
 ) -> tuple[LayoutRequest, tuple[tuple[str, Any], ...], bool]:
     """The layout, model arguments and donation `directory` was extracted with, so the step runs
     (and is compiled) as it was traced; refuses, before any slow work, what is not a trace, a Flint
-    trace of another backend or stage (its collectives are not those that run), and model
+    trace of another backend, stage or mesh (its collectives are not those that run), and model
     arguments other than its own."""
     try:
         find_traces(directory)
@@ -213,6 +213,11 @@ def _as_traced(
             f"{directory} was extracted at stage {stage!r}, but the executable runs the optimised "
             "module: extract it with --stage optimized to validate it"
         )
+    traced_mesh = recorded.get("mesh") or {}
+    traced = MeshSpec(tuple(traced_mesh.get("shape", mesh.shape)),
+                      tuple(traced_mesh.get("axis_names", mesh.axis_names)))
+    if traced != mesh:
+        raise FlintError(f"{directory} was extracted for mesh {traced}, not {mesh}: give --mesh {traced}")
     traced_args = tuple((recorded.get("model_args") or {}).items())
     if model_args and dict(model_args) != dict(traced_args):
         raise FlintError(
