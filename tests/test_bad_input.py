@@ -69,6 +69,16 @@ def test_a_dump_dir_that_cannot_keep_the_ir_is_one_line(tmp_path, where, words):
     assert_refused(run, out, *words)
 
 
+def test_a_model_path_that_is_a_directory_or_holds_nul_bytes_is_one_line(tmp_path):
+    (tmp_path / "model.py").mkdir()
+    (tmp_path / "nul.py").write_bytes(b"x = 1\n\x00\n")
+    out = tmp_path / "out"
+    assert_refused(flint("extract", tmp_path / "model.py", "--mesh", "2", "-o", out), out, "is a directory")
+    run = flint("extract", tmp_path / "nul.py", "--mesh", "2", "-o", out)
+    assert_refused(run, out, "not valid Python: source code string cannot contain null bytes")
+    assert "line None" not in run.stderr
+
+
 def test_not_a_python_file(tmp_path):
     model = tmp_path / "model.txt"
     model.write_text("x = 1\n")

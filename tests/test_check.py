@@ -201,11 +201,23 @@ def test_a_manifest_of_another_trace_is_ignored(tmp_path: Path) -> None:
     assert result.stderr == ""  # no progress bar away from a terminal
 
 
-def test_an_unreadable_manifest_is_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text, words", [
+    ('{"name": "flint", "ranks": "four"}', "manifest.json: 'ranks' is 'four', not a positive integer: fix or delete it"),
+    ("[]", "manifest.json: a manifest is a JSON object, not list: fix or delete it"),
+], ids=["ranks", "not-an-object"])
+def test_an_unreadable_manifest_is_reported(tmp_path: Path, text, words) -> None:
     valid_trace().write(tmp_path)
-    (tmp_path / "manifest.json").write_text('{"name": "flint", "ranks": "four"}')
+    (tmp_path / "manifest.json").write_text(text)
     result = run_check(tmp_path)
     assert result.exit_code == 1
     (line,) = result.stdout.splitlines()
-    assert "manifest.json: 'ranks' is 'four', not a positive integer: fix or delete it" in line
+    assert words in line
     assert run_check(tmp_path, "--ranks", "4").exit_code == 0
+
+
+def test_a_missing_directory_is_named_with_what_each_command_takes(tmp_path: Path) -> None:
+    """check takes a directory; inspect a directory or one rank's file."""
+    missing = tmp_path / "missing"
+    for command, what in (("check", "a trace directory"), ("inspect", "a trace directory or one .et file")):
+        run = CliRunner().invoke(main, [command, str(missing)])
+        assert run.exit_code == 2 and run.stderr.strip() == f"error: '{missing}' does not exist: give {what}"

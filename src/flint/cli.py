@@ -395,11 +395,12 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 10**9 else f"{nbytes / 1e6:,.1f} MB"
 
 
-def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups: Path | None = None):
+def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups: Path | None = None,
+                 one_file_too: bool = False):
     """The trace files at `path` with their groups and rank count, or one line saying why not."""
     from flint.trace.reader import locate_traces
 
-    return _located(path, lambda: locate_traces(path, prefix, rank, groups))
+    return _located(path, lambda: locate_traces(path, prefix, rank, groups), one_file_too)
 
 
 class FiniteFloat(click.FloatRange):
@@ -452,18 +453,19 @@ def _trace_set(directory: Path, prefix: str | None) -> None:
     _located(directory, lambda: find_traces(directory, prefix))
 
 
-def _exists(path: Path) -> None:
+def _exists(path: Path, one_file_too: bool = False) -> None:
     """One line unless `path` exists."""
     if not path.exists():
-        raise FlintError(f"{str(path)!r} does not exist: give a trace directory or one .et file")
+        what = "a trace directory or one .et file" if one_file_too else "a trace directory"
+        raise FlintError(f"{str(path)!r} does not exist: give {what}")
 
 
-def _located(path: Path, lookup):
+def _located(path: Path, lookup, one_file_too: bool = False):
     """What `lookup` of the trace files at `path` refuses (none there, several prefixes, an
     unreadable groups file, a rank it lacks), as one line."""
     from flint.trace.errors import GroupsFileError, TraceLookupError
 
-    _exists(path)
+    _exists(path, one_file_too)
     try:
         return lookup()
     except GroupsFileError as exc:
@@ -591,7 +593,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     from flint.trace.contract import contract_breach
     from flint.trace.timing import Link, NodeTimer
 
-    files = _trace_files(path, prefix, rank, groups_file)
+    files = _trace_files(path, prefix, rank, groups_file, one_file_too=True)
     compute = _compute(files, device_spec, durations)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
@@ -1064,7 +1066,8 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     from flint.step.models import reader_collectives
     from flint.trace.timing import Link, NodeTimer
 
-    files = _trace_files(path, prefix, 0 if rank is None and not path.is_file() else rank, groups_file)
+    files = _trace_files(path, prefix, 0 if rank is None and not path.is_file() else rank, groups_file,
+                         one_file_too=True)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
     timer = NodeTimer(_compute(files, device_spec, durations), Link(), files.groups, files.num_ranks, model)

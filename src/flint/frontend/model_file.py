@@ -68,6 +68,8 @@ def _failed(exc: BaseException, path: Path) -> str:
 
 
 def _import(path: Path):
+    if path.is_dir():
+        raise FlintError(f"model file {str(path)!r} is a directory: give the path of a Python file")
     if not path.is_file():
         raise FlintError(f"model file {str(path)!r} not found: give the path of a Python file")
     if path.suffix != ".py":
@@ -79,9 +81,8 @@ def _import(path: Path):
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
-        raise FlintError(
-            f"model file {path.name} is not valid Python: {exc.msg} at line {exc.lineno}"
-        ) from exc
+        where = f" at line {exc.lineno}" if exc.lineno else ""
+        raise FlintError(f"model file {path.name} is not valid Python: {exc.msg}{where}") from exc
     except (Exception, SystemExit) as exc:
         if isinstance(exc, ModuleNotFoundError) and exc.name in TORCH_MODULES:
             raise missing_torch(path.name, exc.name) from None

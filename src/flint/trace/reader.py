@@ -208,9 +208,9 @@ def read_manifest(directory: str | os.PathLike[str], prefix: str) -> dict | None
     if not path.exists():
         return None
     recorded = _read_json(path, "manifest")
-    if not isinstance(recorded, dict) or recorded.get("name", prefix) != prefix:
-        return None
-    return recorded
+    if not isinstance(recorded, dict):
+        raise TraceFormatError(f"{path}: a manifest is a JSON object, not {type(recorded).__name__}")
+    return recorded if recorded.get("name", prefix) == prefix else None
 
 
 def read_manifest_leniently(
