@@ -36,6 +36,10 @@ def test_factorizations_of_a_rank_count():
     found = list(factorizations(64, 3))
     assert len(found) == len(set(found)) == math.comb(8, 2) == 28
     assert all(math.prod(f) == 64 for f in found)
+    # 10^11 = 2^11 5^11: eleven 2s over three places, C(13, 2), and eleven 5s likewise; found without
+    # trying each of 10^11 candidates
+    found = list(factorizations(10**11, 3))
+    assert len(found) == len(set(found)) == math.comb(13, 2) ** 2 and all(math.prod(f) == 10**11 for f in found)
 
 
 def test_a_spec_expands_to_its_grid(tmp_path):
@@ -59,7 +63,14 @@ def test_a_spec_expands_to_its_grid(tmp_path):
     ('model = "m.py"\n[mesh]\nranks = 8\n', "give [mesh] shapes"),
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nlayers = [2]\n', "[grid] key 'layers' is not model_args"),
     ('[mesh]\nshapes = ["8"]\n', "give the model file"),
-    ('model = "m.py"\n[mesh]\nshapes = ["data=0"]\n', "invalid --mesh 'data=0'"),
+    ('model = "m.py"\n[mesh]\nshapes = ["data=0"]\n', "invalid [mesh] shape 'data=0'"),
+    ('model = "m.py"\n[mesh]\nshapes = []\n', "[mesh] shapes is an empty list"),
+    ('model = "m.py"\n[mesh]\nshapes = ["2x2", "data=2,tensor=2"]\n',
+     "[mesh] shapes '2x2' and 'data=2,tensor=2' are one"),
+    ('model = "m.py"\n[mesh]\nranks = true\naxes = ["data"]\n', "[mesh] ranks must be a positive integer"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nnetwork = ["hgx", "hgx"]\n', "[grid] network lists 'hgx' twice"),
+    ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nmodel_args = { layers = [2, 2] }\n',
+     "[grid] model_args.layers lists 2 twice"),
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\nnetwork = "hgx"\n', "[mesh] key 'network' is not shapes, ranks or axes"),
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\nranks = 8\n', "[mesh] gives shapes and ranks or axes"),
     ('model = "m.py"\n[mesh]\nshapes = ["8"]\n[grid]\nstrategy = ["dp", "dq"]\n', "strategy 'dq' is not one of dp,"),
@@ -72,7 +83,8 @@ def test_a_spec_expands_to_its_grid(tmp_path):
     ('model = "m.py"\nbackend = "gpu:h1000"\n[mesh]\nshapes = ["8"]\n', "--backend gpu:h1000: no such GPU"),
     ('model = "m.py"\nmodel_args = 3\n[mesh]\nshapes = ["8"]\n', "model_args is 3, not a table"),
     ('model = "m.py"\ngrid = [1]\n[mesh]\nshapes = ["8"]\n', "grid is [1], not a table"),
-], ids=["no-shapes", "grid-key", "no-model", "bad-mesh", "mesh-key", "mesh-both", "strategy", "schedule",
+], ids=["no-shapes", "grid-key", "no-model", "bad-mesh", "no-meshes", "one-mesh-twice", "bool-ranks", "value-twice",
+        "model-arg-twice", "mesh-key", "mesh-both", "strategy", "schedule",
         "microbatches", "donate", "network", "network-file", "device", "backend", "model-args", "grid"])
 def test_a_bad_spec_is_one_line(tmp_path, text, message):
     """Refused before any point runs: a value no point could run with is not a skipped point."""
@@ -133,6 +145,14 @@ def _defined(text: str):
     namespace: dict = {}
     exec(text, namespace)
     return namespace["workload"]
+
+
+def test_finalists_without_astra_sim_are_refused_before_any_point(tmp_path):
+    """No ASTRA-sim given, in $ASTRA_SIM or on PATH: the finalists could not be simulated."""
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "out"
+    run = flint("sweep", spec, "-o", out, "--finalists", "1", env={"PATH": str(tmp_path)})
+    assert run.returncode == 2 and "--finalists 1 simulates the best points with ASTRA-sim" in run.stderr
+    assert not out.exists()
 
 
 def write_mlp_spec(tmp_path: Path) -> Path:

@@ -46,20 +46,21 @@ class MeshSpec:
         return ",".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
 
 
-def _parse_size(text: str, spec: str) -> int:
+def _parse_size(text: str, spec: str, option: str) -> int:
     if not _SIZE.match(text) or int(text) < 1:
         raise FlintError(
-            f"invalid --mesh {spec!r}: axis size {text!r} is not a positive integer "
+            f"invalid {option} {spec!r}: axis size {text!r} is not a positive integer "
             "(write e.g. 8x8 or data=8,tensor=8)"
         )
     return int(text)
 
 
-def parse_mesh(spec: str) -> MeshSpec:
-    """Parse `8x8`, `2x4x8` or `data=16,tensor=8` into a `MeshSpec`."""
+def parse_mesh(spec: str, option: str = "--mesh") -> MeshSpec:
+    """Parse `8x8`, `2x4x8` or `data=16,tensor=8` into a `MeshSpec`; `option` is where the user wrote
+    it, for the error."""
     text = spec.strip()
     if not text:
-        raise FlintError("invalid --mesh '': give axis sizes such as 8x8 or data=8,tensor=8")
+        raise FlintError(f"invalid {option} '': give axis sizes such as 8x8 or data=8,tensor=8")
     if "=" in text:
         names, sizes = [], []
         for part in text.split(","):
@@ -67,14 +68,14 @@ def parse_mesh(spec: str) -> MeshSpec:
             name = name.strip()
             if not eq or not _NAME.match(name):
                 raise FlintError(
-                    f"invalid --mesh {spec!r}: {part!r} is not NAME=SIZE (write e.g. data=8,tensor=8)"
+                    f"invalid {option} {spec!r}: {part!r} is not NAME=SIZE (write e.g. data=8,tensor=8)"
                 )
             if name in names:
-                raise FlintError(f"invalid --mesh {spec!r}: axis {name!r} is named twice")
+                raise FlintError(f"invalid {option} {spec!r}: axis {name!r} is named twice")
             names.append(name)
-            sizes.append(_parse_size(size.strip(), spec))
+            sizes.append(_parse_size(size.strip(), spec, option))
         return MeshSpec(tuple(sizes), tuple(names))
-    sizes = tuple(_parse_size(part.strip(), spec) for part in text.lower().split("x"))
+    sizes = tuple(_parse_size(part.strip(), spec, option) for part in text.lower().split("x"))
     return MeshSpec(sizes, default_axis_names(len(sizes)))
 
 

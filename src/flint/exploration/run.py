@@ -17,7 +17,7 @@ from flint.exploration.point import PointInterrupted, Processes, base_record, ru
 from flint.exploration.rank import ranked
 from flint.exploration.results import ResultStore
 from flint.exploration.spec import Point, SweepSpec, read_spec
-from flint.simulation.run import find_simulator
+from flint.simulation.run import ENVIRONMENT, find_simulator
 
 POINTS = "points"
 """The sweep directory's folder of per-point work (traces, simulator files), kept with keep_traces."""
@@ -53,6 +53,11 @@ def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = l
     spec = read_spec(request.spec)
     if not spec.model.is_file():
         raise FlintError(f"sweep spec {request.spec}: model file {spec.model} not found")
+    simulator = find_simulator(request.simulator)
+    if request.finalists and simulator is None:
+        raise FlintError(f"--finalists {request.finalists} simulates the best points with ASTRA-sim, and none "
+                         f"was found: give --astra-sim PATH or set ${ENVIRONMENT}, or drop --finalists")
+    simulator = str(simulator) if simulator else None
     try:
         request.output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -64,8 +69,6 @@ def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = l
             store.add(base_record(point) | {"status": "skipped", "reason": spec.skipped[point.key]})
             done.add(point.key)
     todo = [p for p in spec.points if p.key not in done]
-    simulator = find_simulator(request.simulator)
-    simulator = str(simulator) if simulator else None
     total, finished = len(spec.points), len(spec.points) - len(todo)
     on_progress(finished, total)
 
@@ -93,7 +96,7 @@ def _keep(request: SweepRequest) -> bool:
     return request.keep_traces or bool(request.finalists)
 
 
-def _simulate_finalists(request: SweepRequest, spec: SweepSpec, store: ResultStore, simulator: str | None) -> None:
+def _simulate_finalists(request: SweepRequest, spec: SweepSpec, store: ResultStore, simulator: str) -> None:
     """ASTRA-sim on the `finalists` best points by the estimator (whose traces this run kept; a
     point from an earlier run without its trace keeps its estimate only); then the traces go,
     unless kept."""
@@ -103,7 +106,7 @@ def _simulate_finalists(request: SweepRequest, spec: SweepSpec, store: ResultSto
     try:
         for record in best:
             trace = _workdir(request, by_key[record["id"]]) / "trace"
-            if simulator is None or record.get("simulated_step_us") is not None or not trace.is_dir():
+            if record.get("simulated_step_us") is not None or not trace.is_dir():
                 continue
             store.add(record | {"finalist": True} | simulate_finalist(by_key[record["id"]], trace, simulator))
     finally:

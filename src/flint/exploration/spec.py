@@ -39,7 +39,7 @@ from flint.devices.kernels import DURATIONS
 from flint.errors import FlintError, read_toml
 from flint.frontend.model_file import check_model_args, declared_signature
 from flint.layout.presets import STRATEGIES
-from flint.mesh import parse_mesh
+from flint.mesh import MeshSpec, parse_mesh
 from flint.pipelining.schedules import SCHEDULES
 from flint.step.models import COLLECTIVE_MODELS
 from flint.step.network import read_network_spec
@@ -108,11 +108,11 @@ def read_spec(path: Path) -> SweepSpec:
         bad = sorted(set(grid) - {"model_args", *OPTIONS})
         raise FlintError(f"sweep spec {path}: [grid] key {bad[0]!r} is not model_args or one of {', '.join(OPTIONS)}")
     fixed = {k: data[k] for k in OPTIONS if k in data}
-    axes = {k: _values(grid[k], k, path) for k in OPTIONS if k in grid}
+    axes = {k: _values(grid[k], f"[grid] {k}", path) for k in OPTIONS if k in grid}
     for option in OPTIONS:
         for value in ([fixed[option]] if option in fixed else []) + axes.get(option, []):
             _check_option(option, value, path)
-    model_axes = {k: _values(v, f"model_args.{k}", path) for k, v in grid.get("model_args", {}).items()}
+    model_axes = {k: _values(v, f"[grid] model_args.{k}", path) for k, v in grid.get("model_args", {}).items()}
     fixed_args = data.get("model_args", {})
     model_path = (path.parent / model).resolve()
     _check_model_args(model_path, [*fixed_args, *model_axes], path)
@@ -156,10 +156,14 @@ def _check_option(option: str, value: Any, path: Path) -> None:
         raise FlintError(f"sweep spec {path}: {exc}") from None
 
 
-def _values(value: Any, key: str, path: Path) -> list:
+def _values(value: Any, where: str, path: Path) -> list:
+    """A key's values, each once: a value listed twice would make two points of one."""
     values = value if isinstance(value, list) else [value]
     if not values:
-        raise FlintError(f"sweep spec {path}: [grid] {key} is an empty list")
+        raise FlintError(f"sweep spec {path}: {where} is an empty list")
+    again = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if again is not None:
+        raise FlintError(f"sweep spec {path}: {where} lists {again!r} twice: list each value once")
     return values
 
 
@@ -174,12 +178,20 @@ def _meshes(mesh: Any, path: Path) -> list[str]:
     if "shapes" in mesh and {"ranks", "axes"} & set(mesh):
         raise FlintError(f"sweep spec {path}: [mesh] gives shapes and ranks or axes: give shapes, or ranks and axes")
     if "shapes" in mesh:
-        shapes = _values(mesh["shapes"], "mesh.shapes", path)
+        shapes = [str(s) for s in _values(mesh["shapes"], "[mesh] shapes", path)]
+        seen: dict[MeshSpec, str] = {}
         for shape in shapes:
-            parse_mesh(str(shape))
-        return [str(s) for s in shapes]
+            try:
+                parsed = parse_mesh(shape, "[mesh] shape")
+            except FlintError as exc:
+                raise FlintError(f"sweep spec {path}: {exc}") from None
+            if parsed in seen:
+                raise FlintError(f"sweep spec {path}: [mesh] shapes {seen[parsed]!r} and {shape!r} are one mesh, "
+                                 f"{parsed}: list it once")
+            seen[parsed] = shape
+        return shapes
     ranks, axes = mesh["ranks"], mesh["axes"]
-    if not (isinstance(ranks, int) and ranks >= 1 and isinstance(axes, list) and axes
+    if not (isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1 and isinstance(axes, list) and axes
             and all(isinstance(a, str) and a.isidentifier() for a in axes) and len(set(axes)) == len(axes)):
         raise FlintError(f"sweep spec {path}: [mesh] ranks must be a positive integer and axes distinct names")
     return [",".join(f"{a}={s}" for a, s in zip(axes, sizes)) for sizes in factorizations(ranks, len(axes))]
@@ -190,10 +202,15 @@ def factorizations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
     if parts == 1:
         yield (n,)
         return
-    for first in range(1, n + 1):
-        if n % first == 0:
-            for rest in factorizations(n // first, parts - 1):
-                yield (first, *rest)
+    for first in divisors(n):
+        for rest in factorizations(n // first, parts - 1):
+            yield (first, *rest)
+
+
+def divisors(n: int) -> list[int]:
+    """n's divisors in order, found up to its square root: a rank count may be in the billions."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _expand(meshes, fixed, axes, fixed_args, model_axes) -> tuple[list[Point], dict[str, str]]:
