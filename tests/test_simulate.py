@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, extract, flint
-from test_trace_contract import TraceSet, make_node
+from test_trace_contract import TraceSet, make_node, valid_trace
 
 from flint.schema import et_def_pb2 as pb
 
@@ -243,6 +243,17 @@ def test_a_run_that_loses_ranks_is_an_error(tmp_path, mlp_traces):
     assert run.returncode == 2
     assert run.stderr.startswith("error: ASTRA-sim stopped with 5 of 8 ranks finished")
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_trace_that_breaks_the_contract_is_refused_with_nothing_written(tmp_path):
+    """Group 1 names a rank the set lacks; neither -o nor the trace's own astra-sim/ is written."""
+    trace = valid_trace()
+    trace.groups["1"] = [0, 9]
+    directory = trace.write(tmp_path)
+    for options in (("-o", tmp_path / "sim"), ()):
+        run = flint("simulate", directory, *options)
+        assert run.returncode == 2 and "breaks the trace contract" in run.stderr
+    assert not (tmp_path / "sim").exists() and not (directory / "astra-sim").exists()
 
 
 def test_a_missing_simulator_path_is_one_line(tmp_path, mlp_traces):

@@ -143,7 +143,6 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         roofline=request.roofline,
         system_overrides=read_system_overrides(request.system) if request.system else {},
     )
-    inputs.write()
     if request.engine not in ENGINES:
         raise FlintError(f"unknown --engine {request.engine!r}: use one of {', '.join(ENGINES)}")
     if request.collectives not in COLLECTIVE_MODELS:
@@ -162,10 +161,12 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         began = time.perf_counter()
         step, ranks = estimate(files, compute, model)
         seconds = time.perf_counter() - began
+        inputs.write()  # once the trace is known to be sound: a refused one is left as it was
         simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes, request.collectives)
         (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
         return simulation
     estimated = estimate(files, compute, model)[0] if request.estimate else None
+    inputs.write()
     if simulator is None:
         return Simulation(inputs, None, [], estimated, None, notes=notes, collectives=request.collectives)
     multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
