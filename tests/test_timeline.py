@@ -179,6 +179,17 @@ def test_cli_refuses_a_trace_that_breaks_the_contract(tmp_path: Path) -> None:
     assert run.stderr.rstrip().endswith(f"run `flint check {tmp_path}`")
 
 
+def test_the_json_and_the_plot_are_written_both_or_neither(tmp_path: Path) -> None:
+    directory = two_ranks().write(tmp_path)
+    same = tmp_path / "step.png"
+    run = flint("timeline", directory, "-o", same, "--plot", same)
+    assert run.returncode == 2 and "-o and --plot both name" in run.stderr and not same.exists()
+    if Path("/proc/self").is_dir():  # a directory no one may create files in
+        run = flint("timeline", directory, "-o", tmp_path / "step.json", "--plot", "/proc/step.png")
+        assert run.returncode == 2 and "cannot write '/proc/step.png'" in run.stderr
+        assert not (tmp_path / "step.json").exists()
+
+
 def test_the_contract_refusal_names_the_groups_file_it_was_given(tmp_path: Path) -> None:
     """`flint check DIR` alone would read the groups beside the rank files and find no fault."""
     directory = two_ranks().write(tmp_path)

@@ -699,6 +699,8 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     from flint.step.models import reader_collectives
     from flint.trace.timing import Link, NodeTimer
 
+    if plot is not None and plot.resolve() == output.resolve():
+        raise FlintError(f"-o and --plot both name {str(output)!r}: give each a file of its own")
     files = _trace_files(directory, prefix, None, groups_file)
     compute = _compute(files, device_spec, durations)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps,
@@ -708,14 +710,16 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     )
     metadata = {"trace": str(directory), "compute": compute.label, "network": model.network.as_json(),
                 "collectives": collectives}
-    try:
-        output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
-    except OSError as exc:
-        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
-    if plot:
+    if plot:  # first: the figure fails more ways than the JSON, and neither is left without the other
         from flint.analysis.plot import plot_ranks
 
         plot_ranks(scheduled, plot, f"{directory.name}: one step, {scheduled.step:,.1f} µs")
+    try:
+        output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
+    except OSError as exc:
+        if plot:
+            plot.unlink(missing_ok=True)
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
     if as_json:
         click.echo(json.dumps({"step_us": scheduled.step,
                                "ranks": [r.as_json() for r in scheduled.every_rank()]}, indent=2))
