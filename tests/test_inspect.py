@@ -225,3 +225,14 @@ def test_a_link_that_is_no_number_or_a_second_network_is_refused(tmp_path: Path,
     directory = valid_trace().write(tmp_path)
     run = flint("inspect", directory, *options)
     assert run.returncode == 2 and words in run.stderr and not run.stdout
+
+
+def test_two_trace_sets_in_one_directory_ask_for_a_prefix(tmp_path: Path) -> None:
+    valid_trace().write(tmp_path)
+    other = valid_trace()
+    other.prefix = "other"
+    other.write(tmp_path)
+    run = flint("inspect", tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"error: {tmp_path}: several trace prefixes (flint, other): pick one with --prefix"
+    assert flint("inspect", tmp_path, "--prefix", "other").returncode == 0

@@ -470,10 +470,10 @@ def _located(path: Path, lookup, one_file_too: bool = False):
         return lookup()
     except GroupsFileError as exc:
         raise FlintError(f"{exc}: correct it, or name the trace's groups file with --groups") from None
-    except TraceLookupError as exc:
-        raise FlintError(str(exc)) from None
-    except (FileNotFoundError, ValueError) as exc:
+    except FileNotFoundError as exc:
         raise FlintError(f"{exc}: give a directory that holds <prefix>.<rank>.et files") from None
+    except (TraceLookupError, ValueError) as exc:  # each says what to do
+        raise FlintError(str(exc)) from None
 
 
 def _read_trace(files, path: Path):

@@ -33,7 +33,7 @@ from flint.step.nccl import NcclModel
 from flint.step.network import mesh_axes, network_for
 from flint.step.schedule import AS_ASTRA_SIM, schedule_trace_set
 from flint.trace.contract import PER_CLASS_SET
-from flint.trace.errors import TraceFormatError
+from flint.trace.errors import TraceFormatError, TraceLookupError
 from flint.trace.reader import TraceFiles, comm_groups_path, locate_traces
 from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
@@ -121,8 +121,10 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     """Write ASTRA-sim's inputs for the trace, run it if there is one, and read the results."""
     try:
         files = locate_traces(request.directory, request.prefix, groups_file=request.groups)
-    except (FileNotFoundError, TraceFormatError) as exc:
+    except FileNotFoundError as exc:
         raise FlintError(f"{exc}: give a directory written by `flint extract`") from None
+    except (TraceFormatError, TraceLookupError) as exc:  # each says what to do
+        raise FlintError(str(exc)) from None
     prefix = files.prefix
     manifest = _manifest(files)
     axes = mesh_axes(manifest, files.num_ranks)

@@ -150,12 +150,12 @@ def find_rank_files(
             rank = int(match["rank"])
             if rank in ranks:
                 names = ", ".join(sorted((ranks[rank].name, entry.name)))
-                raise TraceFormatError(f"rank {rank} has two files: {names}")
+                raise TraceFormatError(f"rank {rank} has two files: {names}: keep one")
             ranks[rank] = directory / entry.name
     if prefix is None:
         if len(by_prefix) > 1:
             raise TraceFormatError(
-                f"{directory}: several trace prefixes ({', '.join(sorted(by_prefix))}); pick one"
+                f"{directory}: several trace prefixes ({', '.join(sorted(by_prefix))}): pick one with --prefix"
             )
         prefix = next(iter(by_prefix), None)
     if prefix is None or prefix not in by_prefix:
