@@ -260,6 +260,8 @@ def test_a_missing_simulator_path_is_one_line(tmp_path, mlp_traces):
     run = flint("simulate", mlp_traces("2x4"), "--astra-sim", tmp_path / "nowhere", "-o", tmp_path / "sim")
     assert run.returncode == 2 and "is not an executable file" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+    run = flint("simulate", mlp_traces("2x4"), "--astra-sim", tmp_path / "nowhere", "--engine", "flint")
+    assert run.returncode == 2 and "which --engine flint does not run" in run.stderr
 
 
 def test_auto_leaves_traces_beyond_the_cap_to_the_estimator(tmp_path, mlp_traces, monkeypatch):

@@ -785,6 +785,9 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
     from flint.simulation.view import simulation_view
 
     _exists(directory)  # the rest is judged as the set is opened, once
+    if engine == "flint" and simulator:
+        raise FlintError(f"--astra-sim {simulator} names ASTRA-sim, which --engine flint does not run: "
+                         "drop one of them")
     request = SimulateRequest(directory=directory, network=network, roofline=roofline, device=device_spec,
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
                               timeout=timeout, groups=groups_file,
