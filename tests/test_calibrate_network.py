@@ -197,3 +197,28 @@ def test_an_ll128_share_the_sizes_only_bound_is_kept_where_the_files_own_would_w
     share = fit["fitted"]["node.ll128_bus_fraction"]
     assert share < 0.92
     assert load_network_file(tmp_path / "f.toml").node.ll128_bus_fraction == pytest.approx(share)
+
+
+def test_ranks_the_networks_nodes_cannot_hold_are_refused(tmp_path):
+    """hgx's nodes hold 8 GPUs (its file's node.gpus). Before, 16 ranks of a two-node run with
+    --nodes left at 1 were fitted as one node's NVLS, with exit 0, as were 9 ranks; and 8 ranks
+    on 3 nodes were told to reach larger sizes."""
+    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header="")
+    for flags, said in [(["--ranks", "16"], "16 ranks on 1 node (--ranks, and --nodes or its default 1), and "
+                         "network hgx's nodes hold 8 GPUs: give the --nodes it ran on (2 or more)"),
+                        (["--ranks", "9"], "9 ranks on 1 node"),
+                        (["--ranks", "8", "--nodes", "3"], "8 ranks do not divide over 3 nodes")]:
+        run = flint("calibrate", "--network", "hgx", measured, *flags, "-o", tmp_path / "f.toml")
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert said in run.stderr and not (tmp_path / "f.toml").exists()
+    # 16 ranks that the file's Rank lines put on one host: the network is not the machine's.
+    one_host = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n"
+                       for r in range(16))
+    measured = nccl_tests(tmp_path / "big_all_reduce_perf.txt", "all_reduce_perf", times, header=one_host)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and "16 ranks on 1 node (its '#  Rank' lines)" in run.stderr
+    assert "give the --network of the machine it ran on" in run.stderr and not (tmp_path / "f.toml").exists()
+    # 16 ranks on 2 nodes is hgx's placement: no refusal of the placement itself.
+    assert flint("calibrate", "--network", "hgx", tmp_path / "all_reduce_perf.txt", "--ranks", "16", "--nodes", "2",
+                 "-o", tmp_path / "f.toml").returncode == 0

@@ -17,7 +17,8 @@ A number the sizes leave loose (a step either way, the bandwidth refitted, fits 
 LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the
 file's own value where that fits as well, and is not reported as fitted. A run whose largest size
 does not depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one
-whose largest size took less than the model's latency.
+whose largest size took less than the model's latency, and one on more ranks than the network's
+nodes hold or on ranks that do not divide over its nodes.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
@@ -125,10 +126,28 @@ def placement_of(run: NcclTestsRun, ranks: int | None, nodes: int | None) -> Pla
     return Placement(count, run.nodes or nodes or 1)
 
 
+def check_placement(run: NcclTestsRun, placement: Placement, network: NetworkFile) -> None:
+    """Refuse ranks that do not divide over the nodes, or more than the network's nodes hold: NCCL's
+    model would time another machine (16 ranks on one 8-GPU node, a run across two nodes whose
+    --nodes was left out, fit a bogus NVLS), and the fit would write its numbers with exit 0."""
+    ranks, nodes, gpus = placement.ranks, placement.nodes, network.node.gpus
+    given = "its '#  Rank' lines" if run.ranks else "--ranks, and --nodes or its default 1"
+    if ranks % nodes:
+        raise FlintError(f"{run.path}: {ranks} ranks do not divide over {nodes} nodes ({given}): "
+                         "give the ranks and nodes the run used")
+    if gpus is not None and ranks > gpus * nodes:
+        todo = ("give the --network of the machine it ran on" if run.ranks else
+                f"give the --nodes it ran on ({-(-ranks // gpus)} or more), or the --network of its machine")
+        raise FlintError(f"{run.path}: {ranks} ranks on {nodes} node{'s' * (nodes > 1)} ({given}), and network "
+                         f"{network.name}'s nodes hold {gpus} GPUs: {todo}")
+
+
 def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str, ranks: int | None = None,
                       nodes: int | None = None) -> NetworkFit:
     """Fit `base`'s numbers to `runs` (see the module docstring)."""
     placed = [(run, placement_of(run, ranks, nodes)) for run in runs]
+    for run, placement in placed:
+        check_placement(run, placement, base)
     by_parameter: dict[str, list[tuple[NcclTestsRun, Placement]]] = defaultdict(list)
     for run, placement in placed:
         by_parameter[_parameter(base, run, placement)].append((run, placement))
