@@ -222,3 +222,20 @@ def test_ranks_the_networks_nodes_cannot_hold_are_refused(tmp_path):
     # 16 ranks on 2 nodes is hgx's placement: no refusal of the placement itself.
     assert flint("calibrate", "--network", "hgx", tmp_path / "all_reduce_perf.txt", "--ranks", "16", "--nodes", "2",
                  "-o", tmp_path / "f.toml").returncode == 0
+
+
+
+GOOD_ROW = "   8388608   2097152  float  sum  -1  151.6  55.35  103.78  0  150.5  55.74  104.51  0\n"
+
+
+@pytest.mark.parametrize("last", ["  16777216   4194304  fl\n", GOOD_ROW.replace("150.5", "inf")],
+                         ids=["cut off", "inf"])
+def test_a_cut_off_row_and_an_infinite_time_are_one_line(tmp_path, last):
+    """Before, a last row cut off within its first four fields was an IndexError, and a time of inf
+    a math domain error (the log of an infinite ratio), both tracebacks with exit 1."""
+    measured = tmp_path / "all_reduce_perf.txt"
+    measured.write_text(f"#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+                        f"{GOOD_ROW}{last}")
+    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "line 3: not a row of nccl-tests' table" in run.stderr and not (tmp_path / "f.toml").exists()

@@ -10,6 +10,7 @@ lines where there are any.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +75,11 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
         fields = line.split()
         if not fields or line.lstrip().startswith("#"):
             continue
-        try:
+        try:  # the width first: a row cut off mid-line has fewer fields than the time's index
+            if len(fields) < 10:
+                raise ValueError
             size, micros = int(fields[0]), float(fields[-4])
-            if len(fields) < 10 or size < 0 or not micros > 0:
+            if size < 0 or not (math.isfinite(micros) and micros > 0):  # inf, as nan, would reach a log
                 raise ValueError
         except ValueError:
             raise FlintError(f"{path}, line {number}: not a row of nccl-tests' table (size, count, type, ..., "
