@@ -239,3 +239,25 @@ def test_a_cut_off_row_and_an_infinite_time_are_one_line(tmp_path, last):
     run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "line 3: not a row of nccl-tests' table" in run.stderr and not (tmp_path / "f.toml").exists()
+
+
+
+def test_a_row_with_wrong_results_is_refused(tmp_path):
+    """nccl-tests counted 3 wrong results in place at 1 GiB (line 9: the file's four lines of header,
+    then the rows from 64 MiB); before, its time was fitted as if the collective were correct. N/A
+    (nccl-tests -c 0: not checked) is no count."""
+    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header="")
+    lines = measured.read_text().splitlines()
+    assert lines[8].split()[0] == str(2**30)
+    lines[8] = lines[8][:-1] + "3"
+    lines[9] = lines[9][:-1] + "N/A"
+    measured.write_text("\n".join(lines) + "\n")
+    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "line 9: nccl-tests found 3 wrong results at 1,073,741,824 bytes" in run.stderr
+    assert not (tmp_path / "f.toml").exists()
+    lines[8] = lines[8][:-1] + "0"
+    measured.write_text("\n".join(lines) + "\n")
+    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
+    assert run.returncode == 0, run.stderr

@@ -5,7 +5,8 @@ size (B), count, type, redop, root, then out-of-place time (µs), algbw, busbw, 
 same in place (older versions lack redop and root). Flint reads the size and the in-place time
 (the last group of four columns), the collective from the file's name or its "Collective test
 starting" line, and the ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D"
-lines where there are any.
+lines where there are any. A row where nccl-tests found wrong results (#wrong, in place or out of
+place, above 0; N/A: not checked) is refused: its time is not of a correct collective.
 """
 
 from __future__ import annotations
@@ -75,17 +76,29 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
         fields = line.split()
         if not fields or line.lstrip().startswith("#"):
             continue
-        try:  # the width first: a row cut off mid-line has fewer fields than the time's index
-            if len(fields) < 10:
-                raise ValueError
-            size, micros = int(fields[0]), float(fields[-4])
-            if size < 0 or not (math.isfinite(micros) and micros > 0):  # inf, as nan, would reach a log
-                raise ValueError
+        try:
+            size, micros, wrong = _row(fields)
         except ValueError:
             raise FlintError(f"{path}, line {number}: not a row of nccl-tests' table (size, count, type, ..., "
                              f"time, algbw, busbw, #wrong): {line.strip()[:60]!r}") from None
+        if wrong:
+            raise FlintError(f"{path}, line {number}: nccl-tests found {wrong} wrong results at {size:,} bytes "
+                             f"(#wrong): its times are not those of a correct {named[1]}: give a run without them")
         rows.append(Measurement(size, micros))
     if not rows:
         raise FlintError(f"{path}: no rows of nccl-tests' table in it: give the output of {named[0]}")
     ranks = {int(rank): host for rank, host in _RANK.findall(text)}
     return NcclTestsRun(path, named[1], len(ranks) or None, len(set(ranks.values())) or None, tuple(rows))
+
+
+def _row(fields: list[str]) -> tuple[int, float, int]:
+    """A row's size, in-place time (µs) and wrong results (both #wrong columns; N/A where nccl-tests
+    did not check, -c 0); ValueError where it is not a row. The width first: a row cut off mid-line
+    has fewer fields than the indices. A time of inf, as of nan, would reach the fit's logs."""
+    if len(fields) < 10:
+        raise ValueError
+    size, micros = int(fields[0]), float(fields[-4])
+    wrong = [int(count) for count in (fields[-5], fields[-1]) if count != "N/A"]
+    if size < 0 or not (math.isfinite(micros) and micros > 0) or min(wrong, default=0) < 0:
+        raise ValueError
+    return size, micros, sum(wrong)
