@@ -261,3 +261,17 @@ def test_a_row_with_wrong_results_is_refused(tmp_path):
     measured.write_text("\n".join(lines) + "\n")
     run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
     assert run.returncode == 0, run.stderr
+
+
+def test_a_file_of_two_programs_tables_is_refused(tmp_path):
+    """An all_gather_perf run, then an all_reduce_perf run, in one file: before, all its rows were
+    read as the all-gather's (the first name found)."""
+    gather = {size: 8.4 + 7 * 3.4 + size / (300 * 8 / 7 * 1e3) for size in SIZES}
+    reduce = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    both = tmp_path / "both.txt"
+    both.write_text(nccl_tests(tmp_path / "a", "all_gather_perf", gather).read_text()
+                    + nccl_tests(tmp_path / "b", "all_reduce_perf", reduce).read_text())
+    run = flint("calibrate", "--network", "hgx", both, "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "more than one nccl-tests program (all_gather_perf, all_reduce_perf)" in run.stderr
+    assert not (tmp_path / "f.toml").exists()

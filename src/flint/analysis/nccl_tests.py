@@ -5,8 +5,10 @@ size (B), count, type, redop, root, then out-of-place time (µs), algbw, busbw, 
 same in place (older versions lack redop and root). Flint reads the size and the in-place time
 (the last group of four columns), the collective from the file's name or its "Collective test
 starting" line, and the ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D"
-lines where there are any. A row where nccl-tests found wrong results (#wrong, in place or out of
-place, above 0; N/A: not checked) is refused: its time is not of a correct collective.
+lines where there are any. A file whose text names more than one program (runs concatenated) is
+refused, as a run is one collective's table; so is a row where nccl-tests found wrong results
+(#wrong, in place or out of place, above 0; N/A: not checked): its time is not of a correct
+collective.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
     if named is None:
         raise FlintError(f"{path}: which collective? name the file after its nccl-tests program "
                          f"({', '.join(f'{name}_perf.txt' for name in COLLECTIVES)})")
+    programs = sorted(set(_NAME.findall(text)))
+    if len(programs) > 1:  # runs concatenated: one NcclTestsRun is one collective's table
+        listed = ", ".join(f"{name}_perf" for name in programs)
+        raise FlintError(f"{path}: holds the tables of more than one nccl-tests program ({listed}): "
+                         "give each one's output in a file of its own")
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
