@@ -275,3 +275,20 @@ def test_a_file_of_two_programs_tables_is_refused(tmp_path):
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "more than one nccl-tests program (all_gather_perf, all_reduce_perf)" in run.stderr
     assert not (tmp_path / "f.toml").exists()
+
+
+def test_names_and_sources_are_written_as_toml_strings(tmp_path):
+    """A quotation mark, a backslash, a newline and DEL, in the name and in the measured file's
+    name (each fitted number's source): before, name = "a"b" was written, and the file did not load."""
+    name = 'a"b\\c\nd\x7f'
+    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / 'x"y\nz_all_reduce_perf.txt', "all_reduce_perf", times)
+    run = flint("calibrate", "--network", "hgx", measured, "--name", name, "-o", tmp_path / "f.toml")
+    assert run.returncode == 0, run.stderr
+    written = load_network_file(tmp_path / "f.toml")
+    assert written.name == name
+    assert dict(written.sources)["node.nvls_latency_us"] == (
+        'flint calibrate --network hgx on x"y\nz_all_reduce_perf.txt (in-place times)')
+    # A byte that is not UTF-8 (Python's surrogate for it): before, a UnicodeEncodeError, and an empty file.
+    run = flint("calibrate", "--network", "hgx", measured, "--name", "q\udcff", "-o", tmp_path / "g.toml")
+    assert run.returncode == 2 and "holds bytes that are not UTF-8" in run.stderr and not (tmp_path / "g.toml").exists()

@@ -954,8 +954,13 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, name, as
     fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes)
     source = f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} (in-place times)"
     fitted = fit.network.with_sources(**{key: source for key in fit.fitted})
+    try:  # encoded before the file is opened: a name that is not UTF-8 leaves no file behind
+        text = network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network").encode()
+    except UnicodeEncodeError:
+        raise FlintError("--name or a measured file's name holds bytes that are not UTF-8, which a TOML file "
+                         "cannot: give names in UTF-8") from None
     try:
-        output.write_text(network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network"))
+        output.write_bytes(text)
     except OSError as exc:
         raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
     if as_json:

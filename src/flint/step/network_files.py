@@ -160,11 +160,11 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
 def network_toml(network: NetworkFile, header: str) -> str:
     """The file of `network`, as `parse_network` reads it back."""
     node, out = network.node, network.scale_out
-    lines = [f"# {header}", f'name = "{network.name}"', f'architecture = "{network.architecture}"',
-             f'cpu = "{network.cpu}"', "", "[node]"]
+    lines = [f"# {_escaped(header)}", f"name = {_quoted(network.name)}",
+             f"architecture = {_quoted(network.architecture)}", f"cpu = {_quoted(network.cpu)}", "", "[node]"]
     if node.gpus is not None:
         lines.append(f"gpus = {node.gpus}")
-    lines += [f'link = "{node.link}"', f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
+    lines += [f"link = {_quoted(node.link)}", f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
     if node.nvls:
         lines += [f"nvls_bus_gbps = [{', '.join(f'{v:g}' for v in node.nvls_bus_gbps)}]",
                   f"nvls_latency_us = {node.nvls_latency_us:g}"]
@@ -178,12 +178,22 @@ def network_toml(network: NetworkFile, header: str) -> str:
                   f"latency_us = {out.latency_us:g}", f"sharp = {'true' if out.sharp else 'false'}",
                   f"astra_sim_gbps = {out.astra_sim_gbps:g}", f"astra_sim_latency_ns = {out.astra_sim_latency_ns:g}"]
     if network.sources:
-        lines += ["", "[sources]"] + [f'"{key}" = {_quoted(value)}' for key, value in network.sources]
+        lines += ["", "[sources]"] + [f"{_quoted(key)} = {_quoted(value)}" for key, value in network.sources]
     return "\n".join(lines) + "\n"
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _escaped(text: str) -> str:
+    """`text` as the inside of a TOML basic string: TOML forbids a bare quotation mark, backslash or
+    control character there (a name such as a"b would end the string early: the file would not
+    load), and a newline in a comment would start a line of its own."""
+    return "".join(_ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c) for c in text)
+
+
 def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f'"{_escaped(text)}"'
 
 
 def _numbers(table: dict, key: str) -> list[float]:
