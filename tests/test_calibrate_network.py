@@ -292,3 +292,14 @@ def test_names_and_sources_are_written_as_toml_strings(tmp_path):
     # A byte that is not UTF-8 (Python's surrogate for it): before, a UnicodeEncodeError, and an empty file.
     run = flint("calibrate", "--network", "hgx", measured, "--name", "q\udcff", "-o", tmp_path / "g.toml")
     assert run.returncode == 2 and "holds bytes that are not UTF-8" in run.stderr and not (tmp_path / "g.toml").exists()
+
+
+@pytest.mark.parametrize("option", [["--rank", "0"], ["--device", "h100"]])
+def test_device_options_are_refused_with_network(tmp_path, option):
+    """--rank and --device pick the profiled rank and the device of a device fit; before, --network
+    took them and ignored them (even --rank 0, --rank's default, given on purpose)."""
+    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    run = flint("calibrate", "--network", "hgx", measured, *option, "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert f"{option[0]} is for fitting a device to profiles" in run.stderr and not (tmp_path / "f.toml").exists()

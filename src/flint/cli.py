@@ -1020,6 +1020,11 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
     """
     if network is not None:
+        # they fit a device to profiles, and a network fit would ignore them without a word
+        for parameter, option in (("rank", "--rank"), ("device_spec", "--device")):
+            if click.get_current_context().get_parameter_source(parameter) != click.core.ParameterSource.DEFAULT:
+                raise FlintError(f"{option} is for fitting a device to profiles, not a network: "
+                                 "leave it out with --network")
         _calibrate_network(pairs, output, network, ranks, nodes, name, as_json)
         return
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
