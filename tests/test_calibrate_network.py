@@ -303,3 +303,16 @@ def test_device_options_are_refused_with_network(tmp_path, option):
     run = flint("calibrate", "--network", "hgx", measured, *option, "-o", tmp_path / "f.toml")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert f"{option[0]} is for fitting a device to profiles" in run.stderr and not (tmp_path / "f.toml").exists()
+
+
+@pytest.mark.parametrize("columns", ["size count type redop root", "size count type"])
+def test_a_table_of_out_of_place_columns_only_says_so(tmp_path, columns):
+    """Rows of size, count, type (with or without redop and root) and one group of time, algbw,
+    busbw and #wrong: before, each was "not a row of nccl-tests' table"."""
+    lead = "float sum -1" if "redop" in columns else "float"
+    measured = tmp_path / "all_reduce_perf.txt"
+    measured.write_text(f"#  {columns} time algbw busbw #wrong\n"
+                        f"  8388608  2097152  {lead}  151.6  55.35  103.78  0\n")
+    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "line 2: has no in-place column" in run.stderr and not (tmp_path / "f.toml").exists()

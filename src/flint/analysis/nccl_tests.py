@@ -5,9 +5,10 @@ size (B), count, type, redop, root, then out-of-place time (µs), algbw, busbw, 
 same in place (older versions lack redop and root). Flint reads the size and the in-place time
 (the last group of four columns), the collective from the file's name or its "Collective test
 starting" line, and the ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D"
-lines where there are any. A file whose text names more than one program (runs concatenated) is
-refused, as a run is one collective's table; so is a row where nccl-tests found wrong results
-(#wrong, in place or out of place, above 0; N/A: not checked): its time is not of a correct
+lines where there are any. A table of the out-of-place columns only is refused as having no
+in-place column (the times Flint fits); so is a file whose text names more than one program (runs
+concatenated), as a run is one collective's table, and a row where nccl-tests found wrong results
+(#wrong, in place or out of place, above 0; N/A: not checked), as its time is not of a correct
 collective.
 """
 
@@ -28,6 +29,9 @@ COLLECTIVES = {
 }
 """nccl-tests' programs (NAME_perf) and the collectives they time (sendrecv: a SEND/RECV pair)."""
 _NAME = re.compile(rf"({'|'.join(COLLECTIVES)})_perf")
+OUT_OF_PLACE_ONLY = (7, 9)
+"""The widths of a row of one group of time columns: size, count, type, (redop, root,) time, algbw,
+busbw, #wrong."""
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
 
 
@@ -84,10 +88,13 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
         if not fields or line.lstrip().startswith("#"):
             continue
         try:
-            size, micros, wrong = _row(fields)
+            size, micros, wrong, in_place = _row(fields)
         except ValueError:
             raise FlintError(f"{path}, line {number}: not a row of nccl-tests' table (size, count, type, ..., "
                              f"time, algbw, busbw, #wrong): {line.strip()[:60]!r}") from None
+        if not in_place:
+            raise FlintError(f"{path}, line {number}: has no in-place column: Flint fits in-place times: give "
+                             "nccl-tests' output with both groups of columns, out of place and in place")
         if wrong:
             raise FlintError(f"{path}, line {number}: nccl-tests found {wrong} wrong results at {size:,} bytes "
                              f"(#wrong): its times are not those of a correct {named[1]}: give a run without them")
@@ -98,14 +105,17 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
     return NcclTestsRun(path, named[1], len(ranks) or None, len(set(ranks.values())) or None, tuple(rows))
 
 
-def _row(fields: list[str]) -> tuple[int, float, int]:
-    """A row's size, in-place time (µs) and wrong results (both #wrong columns; N/A where nccl-tests
-    did not check, -c 0); ValueError where it is not a row. The width first: a row cut off mid-line
-    has fewer fields than the indices. A time of inf, as of nan, would reach the fit's logs."""
-    if len(fields) < 10:
+def _row(fields: list[str]) -> tuple[int, float, int, bool]:
+    """A row's size, last time (µs) and wrong results (each #wrong column; N/A where nccl-tests did
+    not check, -c 0), and whether the time is in place; ValueError where it is not a row. A row of
+    7 or 9 fields (without or with redop and root) that reads as one has out-of-place columns only:
+    said as such, not as a broken row. The width first: a row cut off mid-line has fewer fields than
+    the indices. A time of inf, as of nan, would reach the fit's logs."""
+    in_place = len(fields) >= 10
+    if not in_place and len(fields) not in OUT_OF_PLACE_ONLY:
         raise ValueError
     size, micros = int(fields[0]), float(fields[-4])
-    wrong = [int(count) for count in (fields[-5], fields[-1]) if count != "N/A"]
+    wrong = [int(count) for count in (fields[-5], fields[-1])[not in_place:] if count != "N/A"]
     if size < 0 or not (math.isfinite(micros) and micros > 0) or min(wrong, default=0) < 0:
         raise ValueError
-    return size, micros, sum(wrong)
+    return size, micros, sum(wrong), in_place
