@@ -316,3 +316,19 @@ def test_a_table_of_out_of_place_columns_only_says_so(tmp_path, columns):
     run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "line 2: has no in-place column" in run.stderr and not (tmp_path / "f.toml").exists()
+
+
+def test_a_run_slower_than_the_network_can_be_names_the_network(tmp_path):
+    """16 GiB all-reduced on 8 GPUs by NVLS at 100 GB/s after 60 µs: 60 + S / (100 x 8 / 14 x 10^3)
+    µs, slower than hgx's ring (bus_gbps 370.8), which NCCL's model runs at any lower NVLS
+    bandwidth: 8.4 + 14 x 3.4 + S / (370.8 x 8 / 14 x 10^3) µs. No bandwidth and no larger size fits
+    it; before, the hint was to give a run that reaches larger sizes."""
+    size = 2**34
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf",
+                          {size: 60 + size / (100 * 8 / 14 * 1e3)})
+    ring = 8.4 + 14 * 3.4 + size / (370.8 * 8 / 14 * 1e3)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert (f"NCCL's model takes at most {ring:,.1f} at any node.nvls_bus_gbps[7], running Ring Simple on network "
+            "hgx's other numbers: the run is slower than hgx can be: give the --network of the machine") in run.stderr
+    assert not (tmp_path / "f.toml").exists()
