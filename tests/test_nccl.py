@@ -11,10 +11,11 @@ channels, NVLS 480 GB/s at 8 GPUs and 81.5 µs, eight 47 GB/s NICs per node, no 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
-from conftest import flint
+from conftest import DEVICES, ROOT, flint
 from test_collectives import one_collective
 
 from flint.devices import load_device
@@ -271,3 +272,47 @@ def test_network_and_device_files_name_a_bad_number_alike(tmp_path, network_line
         network_for(str(network), [("tensor", 8)])
     with pytest.raises(FlintError, match=expected):
         load_device(str(device))
+
+
+NETWORKS = ROOT / "src" / "flint" / "step" / "networks"
+
+
+@pytest.mark.parametrize("right, typo, expected", [
+    ("[scale_out]", "[scaleout]", "unknown key or table 'scaleout': use name, architecture, cpu, node, scale_out, "
+                                  "sources"),
+    ("nvls_bus_gbps =", "nvls_bus_gbp =", "unknown [node] key 'nvls_bus_gbp': use gpus, link, bus_gbps, channels, "
+                                          "nvls_bus_gbps, "),
+    ("sharp =", "sharpe =", "unknown [scale_out] key 'sharpe': use nics, nic_gbps, latency_us, sharp, "),
+], ids=["table", "node-key", "scale-out-key"])
+def test_a_network_file_refuses_a_key_it_does_not_know(tmp_path, right, typo, expected):
+    """The hgx file with a misspelt table or key, which was dropped (two nodes timed as one, a node
+    without NVLS): one line naming the key and the ones a network file has, exit 2, nothing written."""
+    path = tmp_path / "typo.toml"
+    path.write_text((NETWORKS / "hgx.toml").read_text().replace(right, typo))
+    with pytest.raises(FlintError, match=f"network file '.*typo.toml' is not valid: {re.escape(expected)}"):
+        network_for(str(path), [("data", 2), ("tensor", 8)])
+    traces = one_collective(tmp_path / "one", [list(range(16))], pb.ALL_REDUCE, MIB)
+    run = flint("simulate", traces, "--network", path, "--json", "-o", tmp_path / "s")
+    assert run.returncode == 2 and run.stdout == "" and not (tmp_path / "s").exists()
+    assert run.stderr.startswith("error: ") and len(run.stderr.strip().splitlines()) == 1
+    assert expected in run.stderr
+
+
+@pytest.mark.parametrize("right, typo, expected", [
+    ("[calibration]", "[calibraton]", "unknown key or table 'calibraton': use name, peak_tflops, mem_bw_gbps, "
+                                      "vector_tflops, compute_units, calibration, sources"),
+    ("compute_units = 132\n", "compute_units = 132\nbogus_key = 1\n", "unknown key or table 'bogus_key'"),
+    ("gemm_tile =", "gemm_tiles =", "unknown [calibration] key 'gemm_tiles': use gemm_efficiency, "),
+], ids=["table", "key", "calibration-key"])
+def test_a_device_file_refuses_a_key_it_does_not_know(tmp_path, right, typo, expected):
+    """The h100 file with a misspelt table or key, which was dropped (`[calibraton]`: compute timed
+    at the roofline): one line naming it, exit 2, nothing written."""
+    path = tmp_path / "typo.toml"
+    path.write_text((DEVICES / "h100.toml").read_text().replace(right, typo))
+    with pytest.raises(FlintError, match=f"device file '.*typo.toml' is not valid: {re.escape(expected)}"):
+        load_device(str(path))
+    traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, MIB)
+    run = flint("timeline", traces, "--device", path, "--durations", "calibrated", "--json", "-o", tmp_path / "t.json")
+    assert run.returncode == 2 and run.stdout == "" and not (tmp_path / "t.json").exists()
+    assert run.stderr.startswith("error: ") and len(run.stderr.strip().splitlines()) == 1
+    assert expected in run.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 
@@ -57,3 +57,22 @@ def fraction_field(table: dict, key: str, *, default: float | None = None) -> fl
     if not 0 < value <= 1:
         raise ValueError(f"{key} is {value!r}, not a fraction (above 0, at most 1)")
     return value
+
+
+def invalid(exc: Exception, needs: str) -> str:
+    """What was wrong with a file's table, from what reading it raised: a missing key (KeyError)
+    with what the file `needs`; anything else (a bad value, an unknown key) in its own words, which
+    name the key and what it must be."""
+    return f"{needs} ({type(exc).__name__}: {exc})" if isinstance(exc, KeyError) else str(exc)
+
+
+def known_keys(table: dict, allowed: Collection[str], name: str | None = None) -> None:
+    """Refuse a key of `table` (the file's top level, or its table `name`) that is not one of
+    `allowed`: a misspelt key or table (`[scaleout]`, `[calibraton]`) would otherwise be dropped and
+    the file read as if it were absent, a different answer without a word. A ValueError names the
+    key and the keys allowed."""
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        where = f"[{name}] key" if name else "key or table"
+        raise ValueError(f"unknown {where} {unknown[0]!r}: use {', '.join(allowed)}")
+

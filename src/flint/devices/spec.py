@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, fraction_field, number_field, optional_field
+from flint.errors import FlintError, fraction_field, invalid, known_keys, number_field, optional_field
 
 
 @dataclass(frozen=True)
@@ -120,12 +120,11 @@ def _device(data, origin: str) -> Device:
     try:
         if not isinstance(data, dict):
             raise TypeError(f"it is a {type(data).__name__}, not an object (a table)")
+        known_keys(data, [f.name for f in fields(Device)])
         calibration = data.get("calibration", {})
         if not isinstance(calibration, dict):
             raise TypeError("calibration is not a table")
-        unknown = set(calibration) - {f.name for f in fields(Calibration)}
-        if unknown:
-            raise KeyError(f"unknown calibration key {sorted(unknown)[0]!r}")
+        known_keys(calibration, [f.name for f in fields(Calibration)], "calibration")
         tile = calibration.get("gemm_tile", Calibration.gemm_tile)
         if not (isinstance(tile, (list, tuple)) and len(tile) == 2 and all(
                 isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
@@ -149,10 +148,8 @@ def _device(data, origin: str) -> Device:
             sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
         )
     except (ValueError, KeyError, TypeError, OverflowError) as exc:
-        raise FlintError(
-            f"device file {origin!r} is not valid: it needs name, peak_tflops and mem_bw_gbps "
-            f"({type(exc).__name__}: {exc})"
-        ) from None
+        raise FlintError(f"device file {origin!r} is not valid: "
+                         f"{invalid(exc, 'it needs name, peak_tflops and mem_bw_gbps')}") from None
     return device
 
 

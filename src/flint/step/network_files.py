@@ -24,13 +24,13 @@ this form.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, fraction_field, number_field, optional_field, read_toml
+from flint.errors import FlintError, fraction_field, invalid, known_keys, number_field, optional_field, read_toml
 
 FOLDER = "networks"
 CONSTANTS = "nccl.toml"
@@ -40,6 +40,8 @@ CPUS = ("intel", "amd", "other")
 X86 = ("intel", "amd")
 """The CPUs NCCL knows as x86; `other` stands for the rest (Arm's Grace, POWER)."""
 LINKS = ("nvlink", "pci")
+TOP_LEVEL = ("name", "architecture", "cpu", "node", "scale_out", "sources")
+"""A network file's keys and tables."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,11 @@ def load_network_file(path: Path) -> NetworkFile:
 def parse_network(data: dict, origin: str) -> NetworkFile:
     """A network from a file's table, each number checked; one line where one is wrong."""
     try:
+        known_keys(data, TOP_LEVEL)
         node = data["node"]
         if not isinstance(node, dict):
             raise TypeError("node is not a table")
+        known_keys(node, [f.name for f in fields(NodeTier)], "node")
         tier = NodeTier(
             gpus=_count(node, "gpus") if "gpus" in node else None,
             link=_choice(node, "link", LINKS, "nvlink"),
@@ -133,6 +137,7 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
         if out is not None:
             if not isinstance(out, dict):
                 raise TypeError("scale_out is not a table")
+            known_keys(out, [f.name for f in fields(ScaleOut)], "scale_out")
             scale_out = ScaleOut(
                 nics=_count(out, "nics"),
                 nic_gbps=number_field(out, "nic_gbps", positive=True),
@@ -152,8 +157,8 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise FlintError(f"network file {origin!r} is not valid: it needs name and [node] bus_gbps "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise FlintError(f"network file {origin!r} is not valid: "
+                         f"{invalid(exc, 'it needs name and [node] bus_gbps')}") from None
     return network
 
 
