@@ -316,3 +316,25 @@ def test_a_device_file_refuses_a_key_it_does_not_know(tmp_path, right, typo, exp
     assert run.returncode == 2 and run.stdout == "" and not (tmp_path / "t.json").exists()
     assert run.stderr.startswith("error: ") and len(run.stderr.strip().splitlines()) == 1
     assert expected in run.stderr
+
+
+@pytest.mark.parametrize("sources, expected", [
+    ('sources = "abc"', "sources is 'abc', not a table"),
+    ("sources = [1]", "sources is [1], not a table"),
+    ('[sources]\nbus_gbps = 1', "sources key 'bus_gbps' is 1, not text"),
+], ids=["text", "list", "number"])
+def test_network_and_device_files_refuse_sources_that_are_not_a_table_of_text(tmp_path, sources, expected):
+    """`sources` that is not a table of text was a traceback (AttributeError) through timeline,
+    simulate, sweep and calibrate: one line, with the same words for both kinds of file."""
+    network, device = tmp_path / "net.toml", tmp_path / "gpu.toml"
+    network.write_text(f'name = "n"\n{sources}\n[node]\ngpus = 8\nbus_gbps = 200\n')
+    device.write_text(f'name = "d"\npeak_tflops = 100\nmem_bw_gbps = 100\n{sources}\n')
+    with pytest.raises(FlintError, match=re.escape(expected)):
+        network_for(str(network), [("tensor", 8)])
+    with pytest.raises(FlintError, match=re.escape(expected)):
+        load_device(str(device))
+    traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, MIB)
+    run = flint("timeline", traces, "--network", network, "--json", "-o", tmp_path / "t.json")
+    assert run.returncode == 2 and not (tmp_path / "t.json").exists()
+    assert run.stderr.startswith("error: network file ") and len(run.stderr.strip().splitlines()) == 1
+    assert expected in run.stderr

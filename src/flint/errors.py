@@ -76,3 +76,14 @@ def known_keys(table: dict, allowed: Collection[str], name: str | None = None) -
         where = f"[{name}] key" if name else "key or table"
         raise ValueError(f"unknown {where} {unknown[0]!r}: use {', '.join(allowed)}")
 
+
+def sources_field(table: dict) -> tuple[tuple[str, str], ...]:
+    """`table["sources"]` (absent: none) as sorted (key, source) pairs: a table of text, the source
+    of each number by its key, so that a file can say where its numbers come from."""
+    sources = table.get("sources", {})
+    if not isinstance(sources, dict):
+        raise TypeError(f"sources is {sources!r}, not a table: give [sources] with each number's source as text")
+    for key, source in sources.items():
+        if not isinstance(source, str):
+            raise TypeError(f"sources key {key!r} is {source!r}, not text: give its source as a string")
+    return tuple(sorted(sources.items()))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, fraction_field, invalid, known_keys, number_field, optional_field
+from flint.errors import FlintError, fraction_field, invalid, known_keys, number_field, optional_field, sources_field
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _device(data, origin: str) -> Device:
                 triton_efficiency=optional_field(fraction_field, calibration, "triton_efficiency"),
                 kernel_overhead_us=number_field(calibration, "kernel_overhead_us", default=0.0),
             ),
-            sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
+            sources=sources_field(data),
         )
     except (ValueError, KeyError, TypeError, OverflowError) as exc:
         raise FlintError(f"device file {origin!r} is not valid: "

@@ -30,7 +30,9 @@ from pathlib import Path
 
 import tomllib
 
-from flint.errors import FlintError, fraction_field, invalid, known_keys, number_field, optional_field, read_toml
+from flint.errors import (
+    FlintError, fraction_field, invalid, known_keys, number_field, optional_field, read_toml, sources_field,
+)
 
 FOLDER = "networks"
 CONSTANTS = "nccl.toml"
@@ -154,7 +156,7 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             cpu=_choice(data, "cpu", CPUS, "other"),
             node=tier,
             scale_out=scale_out,
-            sources=tuple(sorted((str(k), str(v)) for k, v in (data.get("sources") or {}).items())),
+            sources=sources_field(data),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FlintError(f"network file {origin!r} is not valid: "
