@@ -8,6 +8,7 @@ axis, so dimension 0 holds the innermost axes. On `hgx` the first tier is an 8-r
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -74,3 +75,17 @@ def test_a_yaml_network_must_cover_the_ranks(tmp_path):
         network_for(str(path), [("data", 8)])
     with pytest.raises(FlintError, match="unknown --network 'dgx': use one of .*hgx.*, a network file \\(.toml\\) or an ASTRA-sim network \\(.yml\\)"):
         network_for("dgx", [("data", 8)])
+
+
+def test_a_network_of_one_node_holds_its_gpus_and_no_more(tmp_path):
+    """A file with [node] gpus = 8 and no [scale_out] timed 16 ranks as one 16-GPU node, its gpus
+    ignored: it is refused; 8 ranks are its one node. `flat` (no gpus: every rank in one NVLink
+    domain, docs/simulate.md) still holds any number, 64 ranks on one switch of 400 GB/s, 936.25 ns."""
+    path = tmp_path / "node.toml"
+    path.write_text('name = "node"\n[node]\ngpus = 8\nbus_gbps = 200\n')
+    assert network_for(str(path), [("data", 2), ("tensor", 4)]).dimensions == dims((NVLINK, 8, ("tensor", "data")))
+    expected = (f"network {path} is one node of 8 GPUs and no [scale_out], but the trace has 16 ranks: "
+                "add a [scale_out] to it, or give a network that has one")
+    with pytest.raises(FlintError, match=re.escape(expected)):
+        network_for(str(path), [("data", 4), ("tensor", 4)])
+    assert network_for("flat", [("data", 8), ("tensor", 8)]).dimensions == dims((NVLINK, 64, ("tensor", "data")))

@@ -160,9 +160,14 @@ def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
     """The network `spec` (a preset name, a network file or an ASTRA-sim YAML file) for a mesh of
     `axes` (name and size, outermost first, as the manifest records them)."""
     network = read_network_spec(spec)
-    if isinstance(network, NetworkFile):
-        return Network(_lay_out(tiers(network), axes), network.name, network)
     ranks = math.prod(size for _, size in axes)
+    if isinstance(network, NetworkFile):
+        gpus = network.node.gpus
+        if network.scale_out is None and gpus is not None and ranks > gpus:
+            # the one tier would otherwise take every rank: a node of `ranks` GPUs, its `gpus` ignored
+            raise FlintError(f"network {spec} is one node of {gpus} GPUs and no [scale_out], but the trace has "
+                             f"{ranks} ranks: add a [scale_out] to it, or give a network that has one")
+        return Network(_lay_out(tiers(network), axes), network.name, network)
     if network.npus != ranks:
         sizes = "x".join(str(d.npus) for d in network.dimensions)
         raise FlintError(f"network {spec} has {network.npus} NPUs ({sizes}) but the trace has {ranks} ranks: "
