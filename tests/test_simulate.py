@@ -15,6 +15,7 @@ term is asserted within 3%, and the latency term exactly, from two runs that dif
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import stat
@@ -289,3 +290,40 @@ def test_the_estimator_says_when_the_system_asks_for_what_it_does_not_model(tmp_
                     "-o", tmp_path / "plain")["notes"] == []
     # as NCCL runs them, the collectives do not follow ASTRA-sim's system keys: nothing to note
     assert simulate(mlp_traces("2x4"), "--system", system, "-o", tmp_path / "nccl")["notes"] == []
+
+
+@pytest.mark.parametrize("system, expected", [
+    ({"endpoint-delay": math.nan}, "endpoint-delay is nan, not a finite number of at least 0"),
+    ({"endpoint-delay": math.inf}, "endpoint-delay is inf, not a finite number of at least 0"),
+    ({"endpoint-delay": -100}, "endpoint-delay is -100, not a finite number of at least 0"),
+    ({"preferred-dataset-splits": "four"}, "preferred-dataset-splits is 'four', not a count of at least 1"),
+    ({"preferred-dataset-splits": math.nan}, "preferred-dataset-splits is nan, not a count of at least 1"),
+    ({"preferred-dataset-splits": 0}, "preferred-dataset-splits is 0, not a count of at least 1"),
+    ({"preferred-dataset-splits": -4}, "preferred-dataset-splits is -4, not a count of at least 1"),
+    ({"active-chunks-per-dimension": math.nan}, "active-chunks-per-dimension is nan, not a count of at least 1"),
+    ({"active-chunks-per-dimension": 0}, "active-chunks-per-dimension is 0, not a count of at least 1"),
+    ({"collective-optimization": "fast"}, "collective-optimization is 'fast', not one of baseline, localBWAware"),
+], ids=["delay-nan", "delay-inf", "delay-negative", "splits-text", "splits-nan", "splits-0", "splits-negative",
+        "chunks-nan", "chunks-0", "optimization"])
+def test_a_system_key_neither_the_estimator_nor_astra_sim_can_run_with_is_one_line(tmp_path, system, expected):
+    """Before, NaN hung the estimator, Infinity reached the result (not JSON), text and NaN counts
+    were tracebacks, and a negative delay (faster than none) or a count of 0 was taken; ASTRA-sim
+    finishes no rank with any of them, nor reads NaN or Infinity (JSON has neither). Refused before
+    anything is written."""
+    path = write_json(tmp_path / "system.json", system)
+    run = flint("simulate", all_reduce_trace(tmp_path / "ar", 8, 2**20), "--json", "--collectives", "astra-sim",
+                "--system", path, "-o", tmp_path / "sim")
+    assert run.returncode == 2 and run.stdout == "" and not (tmp_path / "sim").exists()
+    assert run.stderr == f"error: system file {path}: {expected}\n"
+
+
+def test_system_keys_are_read_as_astra_sim_reads_them(tmp_path):
+    """ASTRA-sim reads the counts as C++ ints (Sys.hh), so 2.5 splits are 2 and 1.5 chunks in
+    flight 1, and takes an endpoint delay of 0: all kept, each timed as its whole part."""
+    traces = all_reduce_trace(tmp_path / "ar", 8, 2**20)
+    for fraction, whole in (({"preferred-dataset-splits": 2.5}, {"preferred-dataset-splits": 2}),
+                            ({"active-chunks-per-dimension": 1.5}, {"active-chunks-per-dimension": 1}),
+                            ({"endpoint-delay": 0.0}, {"endpoint-delay": 0})):
+        steps = [simulate(traces, "--collectives", "astra-sim", "--system", write_json(tmp_path / "s.json", system),
+                          "-o", tmp_path / "sim")["step_us"] for system in (fraction, whole)]
+        assert steps[0] == steps[1]

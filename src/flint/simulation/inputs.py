@@ -22,7 +22,7 @@ from typing import Any
 
 from flint.devices import Device
 from flint.errors import FlintError
-from flint.step.astra_sim import SYSTEM
+from flint.step.astra_sim import SYSTEM, check_system
 from flint.step.network import Network
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
@@ -99,7 +99,8 @@ class SimulationInputs:
 
 
 def read_system_overrides(path: Path) -> dict[str, Any]:
-    """A JSON object of ASTRA-sim system keys that replace Flint's (e.g. "preferred-dataset-splits")."""
+    """A JSON object of ASTRA-sim system keys that replace Flint's (e.g. "preferred-dataset-splits"),
+    those the estimator reads checked as it and ASTRA-sim read them."""
     try:
         overrides = json.loads(path.read_text())
     except FileNotFoundError:
@@ -108,4 +109,8 @@ def read_system_overrides(path: Path) -> dict[str, Any]:
         raise FlintError(f"cannot read system file {path}: {exc}") from None
     if not isinstance(overrides, dict):
         raise FlintError(f"system file {path} must hold a JSON object of ASTRA-sim system keys")
+    try:
+        check_system(overrides)
+    except (TypeError, ValueError) as exc:
+        raise FlintError(f"system file {path}: {exc}") from None
     return overrides
