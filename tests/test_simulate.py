@@ -288,8 +288,25 @@ def test_the_estimator_says_when_the_system_asks_for_what_it_does_not_model(tmp_
                                "all-to-all-implementation: ['direct']"]
     assert simulate(mlp_traces("2x4"), "--engine", "flint", "--collectives", "astra-sim",
                     "-o", tmp_path / "plain")["notes"] == []
-    # as NCCL runs them, the collectives do not follow ASTRA-sim's system keys: nothing to note
-    assert simulate(mlp_traces("2x4"), "--system", system, "-o", tmp_path / "nccl")["notes"] == []
+
+
+def test_system_keys_where_nothing_reads_them_are_refused(tmp_path):
+    """As NCCL runs them (the default), the estimator's collectives read no ASTRA-sim system key:
+    an endpoint delay of 10^9 ns left the step as it was, without a word. Refused there in one
+    line; read by ASTRA-sim's model of collectives: one 1 MiB all-reduce over an 8-GPU node is 4
+    chunks, 2 at a time, each a ring of 2 x 7 messages, so the delay adds 2 x 14 x 10^9 ns; and
+    written for ASTRA-sim itself (--engine astra-sim, here without one to run)."""
+    traces = all_reduce_trace(tmp_path / "ar", 8, 2**20)
+    delay, none = (write_json(tmp_path / f"{name}.json", {"endpoint-delay": ns}) for name, ns in (("d", 1e9), ("z", 0)))
+    run = flint("simulate", traces, "--system", delay, "-o", tmp_path / "nccl")
+    assert run.returncode == 2 and not (tmp_path / "nccl").exists()
+    assert run.stderr == ("error: --system sets ASTRA-sim's system keys, which NCCL's model does not use: add "
+                          "--collectives astra-sim, or --engine astra-sim to run ASTRA-sim, or leave --system out\n")
+    steps = [simulate(traces, "--collectives", "astra-sim", "--system", system, "-o", tmp_path / system.stem)["step_us"]
+             for system in (delay, none)]
+    assert steps[0] - steps[1] == pytest.approx(2 * 14 * 1e9 / 1e3)
+    simulate(traces, "--engine", "astra-sim", "--system", delay, "-o", tmp_path / "astra", env=without_simulator())
+    assert json.loads((tmp_path / "astra" / "system.json").read_text())["endpoint-delay"] == 1e9
 
 
 @pytest.mark.parametrize("system, expected", [

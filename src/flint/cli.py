@@ -746,7 +746,8 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @click.option("--device", "device_spec", metavar="DEVICE",
               help=f"Roofline device: {', '.join(BUILTIN)}, or a JSON spec file [default: the trace's].")
 @click.option("--system", type=click.Path(path_type=Path, dir_okay=False), metavar="JSON",
-              help="ASTRA-sim system keys that replace Flint's (scheduling, chunking, collective algorithms).")
+              help="ASTRA-sim system keys that replace Flint's (scheduling, chunking, collective algorithms), "
+                   "for --collectives astra-sim or --engine astra-sim.")
 @click.option("--astra-sim", "simulator", type=click.Path(path_type=Path, dir_okay=False), metavar="PATH",
               help="ASTRA-sim's AstraSim_Analytical_Congestion_Unaware binary (or a wrapper) "
                    "[default: $ASTRA_SIM, else astra-sim on PATH].")

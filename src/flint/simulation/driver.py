@@ -131,6 +131,10 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
     if request.device and not request.roofline:
         raise FlintError("--device times compute in ASTRA-sim's roofline mode: add --roofline (replay "
                          "mode replays the trace's own durations; extract again with --device to change them)")
+    if request.system and request.engine == "flint" and request.collectives == "nccl":
+        # ASTRA-sim's keys reach only its model of collectives and ASTRA-sim itself, neither of which runs
+        raise FlintError("--system sets ASTRA-sim's system keys, which NCCL's model does not use: add --collectives "
+                         "astra-sim, or --engine astra-sim to run ASTRA-sim, or leave --system out")
     # The device of ASTRA-sim's system file; another producer's trace names none: an H100's.
     device = load_device(request.device) if request.device else recorded_device(manifest)
     compute = Compute(device, "roofline") if request.roofline else Compute()
