@@ -309,24 +309,23 @@ def test_system_keys_where_nothing_reads_them_are_refused(tmp_path):
     assert json.loads((tmp_path / "astra" / "system.json").read_text())["endpoint-delay"] == 1e9
 
 
-@pytest.mark.parametrize("system, expected", [
-    ({"endpoint-delay": math.nan}, "endpoint-delay is nan, not a finite number of at least 0"),
-    ({"endpoint-delay": math.inf}, "endpoint-delay is inf, not a finite number of at least 0"),
-    ({"endpoint-delay": -100}, "endpoint-delay is -100, not a finite number of at least 0"),
-    ({"preferred-dataset-splits": "four"}, "preferred-dataset-splits is 'four', not a count of at least 1"),
-    ({"preferred-dataset-splits": math.nan}, "preferred-dataset-splits is nan, not a count of at least 1"),
-    ({"preferred-dataset-splits": 0}, "preferred-dataset-splits is 0, not a count of at least 1"),
-    ({"preferred-dataset-splits": -4}, "preferred-dataset-splits is -4, not a count of at least 1"),
-    ({"active-chunks-per-dimension": math.nan}, "active-chunks-per-dimension is nan, not a count of at least 1"),
-    ({"active-chunks-per-dimension": 0}, "active-chunks-per-dimension is 0, not a count of at least 1"),
-    ({"collective-optimization": "fast"}, "collective-optimization is 'fast', not one of baseline, localBWAware"),
-], ids=["delay-nan", "delay-inf", "delay-negative", "splits-text", "splits-nan", "splits-0", "splits-negative",
-        "chunks-nan", "chunks-0", "optimization"])
-def test_a_system_key_neither_the_estimator_nor_astra_sim_can_run_with_is_one_line(tmp_path, system, expected):
+@pytest.mark.parametrize("key, value, least", [
+    ("endpoint-delay", math.nan, 0), ("endpoint-delay", math.inf, 0), ("endpoint-delay", -100, 0),
+    ("endpoint-delay", 2.5, 0), ("preferred-dataset-splits", "four", 1), ("preferred-dataset-splits", math.nan, 1),
+    ("preferred-dataset-splits", 0, 1), ("preferred-dataset-splits", -4, 1), ("preferred-dataset-splits", 2.5, 1),
+    ("active-chunks-per-dimension", math.nan, 1), ("active-chunks-per-dimension", 0, 1),
+    ("collective-optimization", "fast", None),
+], ids=["delay-nan", "delay-inf", "delay-negative", "delay-fraction", "splits-text", "splits-nan", "splits-0",
+        "splits-negative", "splits-fraction", "chunks-nan", "chunks-0", "optimization"])
+def test_a_system_key_neither_the_estimator_nor_astra_sim_can_run_with_is_one_line(tmp_path, key, value, least):
     """Before, NaN hung the estimator, Infinity reached the result (not JSON), text and NaN counts
     were tracebacks, and a negative delay (faster than none) or a count of 0 was taken; ASTRA-sim
-    finishes no rank with any of them, nor reads NaN or Infinity (JSON has neither). Refused before
-    anything is written."""
+    finishes no rank with any of them, nor reads NaN or Infinity (JSON has neither). A fraction
+    ASTRA-sim would cut to its whole part (Sys.hh reads ints), the estimator not always. Refused
+    before anything is written."""
+    expected = (f"{key} is {value!r}, not a whole number of at least {least} (ASTRA-sim reads an integer)"
+                if least is not None else f"{key} is {value!r}, not one of baseline, localBWAware")
+    system = {key: value}
     path = write_json(tmp_path / "system.json", system)
     run = flint("simulate", all_reduce_trace(tmp_path / "ar", 8, 2**20), "--json", "--collectives", "astra-sim",
                 "--system", path, "-o", tmp_path / "sim")
@@ -335,12 +334,12 @@ def test_a_system_key_neither_the_estimator_nor_astra_sim_can_run_with_is_one_li
 
 
 def test_system_keys_are_read_as_astra_sim_reads_them(tmp_path):
-    """ASTRA-sim reads the counts as C++ ints (Sys.hh), so 2.5 splits are 2 and 1.5 chunks in
-    flight 1, and takes an endpoint delay of 0: all kept, each timed as its whole part."""
+    """A whole number written as a float (JSON's 2.0) is the integer ASTRA-sim reads, and an endpoint
+    delay of 0 is taken: each times as its integer."""
     traces = all_reduce_trace(tmp_path / "ar", 8, 2**20)
-    for fraction, whole in (({"preferred-dataset-splits": 2.5}, {"preferred-dataset-splits": 2}),
-                            ({"active-chunks-per-dimension": 1.5}, {"active-chunks-per-dimension": 1}),
-                            ({"endpoint-delay": 0.0}, {"endpoint-delay": 0})):
+    for written, whole in (({"preferred-dataset-splits": 2.0}, {"preferred-dataset-splits": 2}),
+                           ({"active-chunks-per-dimension": 1.0}, {"active-chunks-per-dimension": 1}),
+                           ({"endpoint-delay": 0.0}, {"endpoint-delay": 0})):
         steps = [simulate(traces, "--collectives", "astra-sim", "--system", write_json(tmp_path / "s.json", system),
-                          "-o", tmp_path / "sim")["step_us"] for system in (fraction, whole)]
+                          "-o", tmp_path / "sim")["step_us"] for system in (written, whole)]
         assert steps[0] == steps[1]

@@ -48,7 +48,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flint.errors import number_field
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import GIB, Network
 
@@ -62,23 +61,24 @@ SYSTEM: dict[str, Any] = {
 }
 """The ASTRA-sim system keys Flint writes (besides each collective's implementation, `ring` on
 every dimension, and the device's `local-mem-bw`); the model reads the same keys."""
-COUNTS = ("preferred-dataset-splits", "active-chunks-per-dimension")
+WHOLE = {"endpoint-delay": 0, "preferred-dataset-splits": 1, "active-chunks-per-dimension": 1}
+"""The system keys the model reads that ASTRA-sim reads as C++ integers, with the least of each."""
 OPTIMIZATIONS = ("baseline", "localBWAware")
 
 
 def check_system(system: Mapping[str, Any]) -> None:
-    """Refuse a value of a system key the model reads that ASTRA-sim cannot run with either, so
-    that a `--system` file is judged before anything is timed or written: NaN hung the model and
-    Infinity reached the result, which JSON (and ASTRA-sim's reader) cannot hold; ASTRA-sim
-    finishes no rank with a negative `endpoint-delay` or a count below 1, and stops at a
-    `collective-optimization` other than its two. It reads the counts as C++ ints, a fraction's
-    whole part, as the model does (`splits`, `active`). A TypeError or ValueError names the key."""
-    if "endpoint-delay" in system:
-        number_field(system, "endpoint-delay")
-    for key in COUNTS:
-        value = system.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
-            raise ValueError(f"{key} is {value!r}, not a count of at least 1")
+    """Refuse a value of a system key the model reads that ASTRA-sim cannot run with, or would read
+    otherwise than the model: NaN hung the model and Infinity reached the result, which JSON (and
+    ASTRA-sim's reader) cannot hold; ASTRA-sim finishes no rank with a negative `endpoint-delay` or
+    a count below 1, stops at a `collective-optimization` other than its two, and cuts a fraction
+    to its whole part (2.5 splits are 2 there; a delay of 2.5 ns, 2 there and 2.5 here). A
+    ValueError names the key."""
+    for key, least in WHOLE.items():
+        value = system.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value == int(value) and value >= least):
+            raise ValueError(f"{key} is {value!r}, not a whole number of at least {least} (ASTRA-sim reads an "
+                             "integer)")
     value = system.get("collective-optimization", OPTIMIZATIONS[0])
     if value not in OPTIMIZATIONS:
         raise ValueError(f"collective-optimization is {value!r}, not one of {', '.join(OPTIMIZATIONS)}")
