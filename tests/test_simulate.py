@@ -314,23 +314,36 @@ def test_system_keys_where_nothing_reads_them_are_refused(tmp_path):
     ("endpoint-delay", 2.5, 0), ("preferred-dataset-splits", "four", 1), ("preferred-dataset-splits", math.nan, 1),
     ("preferred-dataset-splits", 0, 1), ("preferred-dataset-splits", -4, 1), ("preferred-dataset-splits", 2.5, 1),
     ("active-chunks-per-dimension", math.nan, 1), ("active-chunks-per-dimension", 0, 1),
-    ("collective-optimization", "fast", None),
+    ("collective-optimization", "fast", None), ("local-mem-bw", 0, None),
 ], ids=["delay-nan", "delay-inf", "delay-negative", "delay-fraction", "splits-text", "splits-nan", "splits-0",
-        "splits-negative", "splits-fraction", "chunks-nan", "chunks-0", "optimization"])
+        "splits-negative", "splits-fraction", "chunks-nan", "chunks-0", "optimization", "memory-bandwidth"])
 def test_a_system_key_neither_the_estimator_nor_astra_sim_can_run_with_is_one_line(tmp_path, key, value, least):
     """Before, NaN hung the estimator, Infinity reached the result (not JSON), text and NaN counts
     were tracebacks, and a negative delay (faster than none) or a count of 0 was taken; ASTRA-sim
     finishes no rank with any of them, nor reads NaN or Infinity (JSON has neither). A fraction
     ASTRA-sim would cut to its whole part (Sys.hh reads ints), the estimator not always. Refused
     before anything is written."""
-    expected = (f"{key} is {value!r}, not a whole number of at least {least} (ASTRA-sim reads an integer)"
-                if least is not None else f"{key} is {value!r}, not one of baseline, localBWAware")
+    expected = {"collective-optimization": f"{key} is {value!r}, not one of baseline, localBWAware",
+                "local-mem-bw": f"{key} is {value!r}, not a finite number above 0"}.get(
+        key, f"{key} is {value!r}, not a whole number of at least {least} (ASTRA-sim reads an integer)")
     system = {key: value}
     path = write_json(tmp_path / "system.json", system)
     run = flint("simulate", all_reduce_trace(tmp_path / "ar", 8, 2**20), "--json", "--collectives", "astra-sim",
                 "--system", path, "-o", tmp_path / "sim")
     assert run.returncode == 2 and run.stdout == "" and not (tmp_path / "sim").exists()
     assert run.stderr == f"error: system file {path}: {expected}\n"
+
+
+def test_local_memory_bandwidth_from_the_system_file_times_the_estimators_reductions(tmp_path):
+    """ASTRA-sim reduces each received message at `local-mem-bw`: 3 x floor(bytes / (GB/s)) ns for
+    each of the n - 1 reduce-scatter steps. One 64 MiB all-reduce over 4 ranks, one chunk: messages
+    of 16 MiB; at 100 GB/s against 1,000 GB/s, 3 x 3 x (167,772 - 16,777) ns longer. The estimator
+    read the device's bandwidth whatever the file said, which ASTRA-sim obeys."""
+    traces = all_reduce_trace(tmp_path / "ar", 4, 64 * 2**20)
+    steps = [simulate(traces, "--collectives", "astra-sim", "-o", tmp_path / f"sim{bandwidth}", "--system",
+                      write_json(tmp_path / f"s{bandwidth}.json", {**ONE_CHUNK, "local-mem-bw": bandwidth}))["step_us"]
+             for bandwidth in (100, 1000)]
+    assert steps[0] - steps[1] == pytest.approx(3 * 3 * (167_772 - 16_777) / 1e3)
 
 
 def test_system_keys_are_read_as_astra_sim_reads_them(tmp_path):

@@ -155,7 +155,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         raise FlintError(f"unknown --collectives {request.collectives!r}: use one of {', '.join(COLLECTIVE_MODELS)}")
     model: CollectiveModel | NcclModel = (
         NcclModel(network) if request.collectives == "nccl"
-        else CollectiveModel(network, device.mem_bw_gbps, {**SYSTEM, **inputs.system_overrides}))
+        else CollectiveModel(network, inputs.system()["local-mem-bw"], {**SYSTEM, **inputs.system_overrides}))
     notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
              for found in [model.unmodelled()] if found]
     if files.one_per_class and request.engine == "astra-sim":

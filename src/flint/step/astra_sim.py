@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flint.errors import number_field
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import GIB, Network
 
@@ -71,14 +72,16 @@ def check_system(system: Mapping[str, Any]) -> None:
     otherwise than the model: NaN hung the model and Infinity reached the result, which JSON (and
     ASTRA-sim's reader) cannot hold; ASTRA-sim finishes no rank with a negative `endpoint-delay` or
     a count below 1, stops at a `collective-optimization` other than its two, and cuts a fraction
-    to its whole part (2.5 splits are 2 there; a delay of 2.5 ns, 2 there and 2.5 here). A
-    ValueError names the key."""
+    to its whole part (2.5 splits are 2 there; a delay of 2.5 ns, 2 there and 2.5 here); a
+    `local-mem-bw` must be a bandwidth. A TypeError or ValueError names the key."""
     for key, least in WHOLE.items():
         value = system.get(key, least)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value == int(value) and value >= least):
             raise ValueError(f"{key} is {value!r}, not a whole number of at least {least} (ASTRA-sim reads an "
                              "integer)")
+    if "local-mem-bw" in system:
+        number_field(system, "local-mem-bw", positive=True)
     value = system.get("collective-optimization", OPTIMIZATIONS[0])
     if value not in OPTIMIZATIONS:
         raise ValueError(f"collective-optimization is {value!r}, not one of {', '.join(OPTIMIZATIONS)}")
