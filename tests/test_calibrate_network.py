@@ -10,13 +10,14 @@ on a ring of 300 GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple laten
 from __future__ import annotations
 
 import json
+import tomllib
 from importlib import resources
 
 import pytest
 from conftest import flint
 
 from flint.step.network import network_for
-from flint.step.network_files import load_network_file
+from flint.step.network_files import load_network_file, toml_string
 
 SIZES = [2**k for k in range(26, 35)]  # 64 MiB .. 16 GiB: where NVLS runs
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
@@ -332,3 +333,10 @@ def test_a_run_slower_than_the_network_can_be_names_the_network(tmp_path):
     assert (f"NCCL's model takes at most {ring:,.1f} at any node.nvls_bus_gbps[7], running Ring Simple on network "
             "hgx's other numbers: the run is slower than hgx can be: give the --network of the machine") in run.stderr
     assert not (tmp_path / "f.toml").exists()
+
+
+def test_a_toml_string_reads_back_as_written():
+    """What network and device files write their names and sources with: TOML's own reader gets the
+    text back, quotes, backslashes and control characters included."""
+    for text in ('a"b', "back\\slash", "tab\there\nnew line", "del\x7f", "bell\x07", "ünï ∑", ""):
+        assert tomllib.loads(f"x = {toml_string(text)}")["x"] == text

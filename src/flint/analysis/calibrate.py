@@ -42,6 +42,7 @@ from flint.devices import Device
 from flint.devices.kernels import TRANSPOSE, TRITON, calibrated_micros
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
+from flint.step.network_files import toml_string
 from flint.trace.reader import RankTrace, attribute_value, attributes, gemm_shape, kernel_kind, kernel_name
 
 GEMM_KERNEL = re.compile(r"nvjet|gemm|cutlass|cublas|xmma|matmul|s\d{3,}_|sm\d\d_", re.IGNORECASE)
@@ -301,7 +302,7 @@ def device_toml(fit: Fit, source: str) -> str:
     """The fitted device as a device file, its fitted numbers' source `source` (the profiles)."""
     device = fit.device
     c = device.calibration
-    lines = [f"name = {json.dumps(device.name)}", f"peak_tflops = {device.peak_tflops}",
+    lines = [f"name = {toml_string(device.name)}", f"peak_tflops = {device.peak_tflops}",
              f"mem_bw_gbps = {device.mem_bw_gbps}"]
     if device.vector_tflops is not None:
         lines.append(f"vector_tflops = {device.vector_tflops}")
@@ -319,5 +320,5 @@ def device_toml(fit: Fit, source: str) -> str:
     sources = dict(device.sources)
     for key in sorted(fit.fitted):
         sources[key] = f"flint calibrate on {source}"
-    lines += [f"{key} = {json.dumps(value)}" for key, value in sorted(sources.items())]
+    lines += [f"{toml_string(key)} = {toml_string(value)}" for key, value in sorted(sources.items())]
     return "\n".join(lines) + "\n"

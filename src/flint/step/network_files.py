@@ -167,11 +167,11 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
 def network_toml(network: NetworkFile, header: str) -> str:
     """The file of `network`, as `parse_network` reads it back."""
     node, out = network.node, network.scale_out
-    lines = [f"# {_escaped(header)}", f"name = {_quoted(network.name)}",
-             f"architecture = {_quoted(network.architecture)}", f"cpu = {_quoted(network.cpu)}", "", "[node]"]
+    lines = [f"# {_escaped(header)}", f"name = {toml_string(network.name)}",
+             f"architecture = {toml_string(network.architecture)}", f"cpu = {toml_string(network.cpu)}", "", "[node]"]
     if node.gpus is not None:
         lines.append(f"gpus = {node.gpus}")
-    lines += [f"link = {_quoted(node.link)}", f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
+    lines += [f"link = {toml_string(node.link)}", f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
     if node.nvls:
         lines += [f"nvls_bus_gbps = [{', '.join(f'{v:g}' for v in node.nvls_bus_gbps)}]",
                   f"nvls_latency_us = {node.nvls_latency_us:g}"]
@@ -185,7 +185,7 @@ def network_toml(network: NetworkFile, header: str) -> str:
                   f"latency_us = {out.latency_us:g}", f"sharp = {'true' if out.sharp else 'false'}",
                   f"astra_sim_gbps = {out.astra_sim_gbps:g}", f"astra_sim_latency_ns = {out.astra_sim_latency_ns:g}"]
     if network.sources:
-        lines += ["", "[sources]"] + [f"{_quoted(key)} = {_quoted(value)}" for key, value in network.sources]
+        lines += ["", "[sources]"] + [f"{toml_string(key)} = {toml_string(value)}" for key, value in network.sources]
     return "\n".join(lines) + "\n"
 
 
@@ -199,7 +199,8 @@ def _escaped(text: str) -> str:
     return "".join(_ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c) for c in text)
 
 
-def _quoted(text: str) -> str:
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string, for the files Flint writes (network and device files)."""
     return f'"{_escaped(text)}"'
 
 
