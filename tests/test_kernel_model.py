@@ -308,6 +308,9 @@ def test_calibrate_needs_a_trace_for_each_profile(mlp_round, tmp_path):
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1].endswith("give a PROFILE and its TRACE for each step")
     assert not (tmp_path / "f.toml").exists()
+    run = flint("calibrate", tmp_path / "a.json.gz", mlp_round / "mlp.0.et", "--rank", "1", "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and "mlp.0.et holds rank 0, not rank 1: drop --rank" in run.stderr
+    assert not (tmp_path / "f.toml").exists()
 
 
 LLAMA = ["--model-arg", "arch=llama", "--model-arg", "layers=2", "--model-arg", "hidden=384", "--model-arg", "heads=12",

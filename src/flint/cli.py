@@ -403,6 +403,12 @@ def _trace_files(path: Path, prefix: str | None, rank: int | None = None, groups
     return _located(path, lambda: locate_traces(path, prefix, rank, groups), one_file_too)
 
 
+def _one_rank(path: Path, rank: int | None) -> int | None:
+    """The rank a command that reads one rank reads of `path`: --rank where given (a file of another
+    rank is refused as it is opened), else a file's own, else 0."""
+    return 0 if rank is None and not path.is_file() else rank
+
+
 class FiniteFloat(click.FloatRange):
     """A number in a range; nan, which compares false with every bound, and infinities are none."""
 
@@ -983,7 +989,8 @@ def _branches(count: int) -> str:
 @click.option("-o", "--output", type=OutputFile(), required=True,
               help="Device file (.toml, for --device) or, with --network, network file (.toml, for "
                    "--network) to write.")
-@click.option("--rank", type=int, default=0, show_default=True, help="The traces' rank that was profiled.")
+@click.option("--rank", type=int,
+              help="The traces' rank that was profiled [default: TRACE's, where it is one .et file; else 0].")
 @click.option("--device", "device_spec", metavar="DEVICE",
               help="Device whose peaks to keep [default: the one the traces' manifests record].")
 @click.option("--network", metavar="NETWORK",
@@ -1039,7 +1046,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
         raise FlintError(f"{len(pairs)} paths given: give a PROFILE and its TRACE for each step")
     steps, bases = [], {}
     for profile, trace in zip(pairs[::2], pairs[1::2]):
-        files = _trace_files(trace, None, None if trace.is_file() else rank)
+        files = _trace_files(trace, None, _one_rank(trace, rank), one_file_too=True)
         base = reader_compute(device_spec, "calibrated", _manifest_of(files)).device
         bases.setdefault(base.name, base)
         steps.append(ProfiledStep(step_name(profile), read_profile(profile), _read_trace(files, files.paths[0])))
@@ -1084,8 +1091,7 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     from flint.step.models import reader_collectives
     from flint.trace.timing import Link, NodeTimer
 
-    files = _trace_files(path, prefix, 0 if rank is None and not path.is_file() else rank, groups_file,
-                         one_file_too=True)
+    files = _trace_files(path, prefix, _one_rank(path, rank), groups_file, one_file_too=True)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives)
     timer = NodeTimer(_compute(files, device_spec, durations), Link(), files.groups, files.num_ranks, model)
