@@ -469,13 +469,11 @@ def _exists(path: Path, one_file_too: bool = False) -> None:
 def _located(path: Path, lookup, one_file_too: bool = False):
     """What `lookup` of the trace files at `path` refuses (none there, several prefixes, an
     unreadable groups file, a rank it lacks), as one line."""
-    from flint.trace.errors import GroupsFileError, TraceLookupError
+    from flint.trace.errors import TraceLookupError
 
     _exists(path, one_file_too)
     try:
         return lookup()
-    except GroupsFileError as exc:
-        raise FlintError(f"{exc}: correct it, or name the trace's groups file with --groups") from None
     except FileNotFoundError as exc:
         raise FlintError(f"{exc}: give a directory that holds <prefix>.<rank>.et files") from None
     except (TraceLookupError, ValueError) as exc:  # each says what to do

@@ -312,7 +312,10 @@ def locate_traces(
         path = path.parent
     prefix, paths = find_traces(path, prefix)
     groups_path = comm_groups_path(path, prefix, groups_file)
-    groups = read_groups_if_any(groups_path)
+    try:
+        groups = read_groups_if_any(groups_path)
+    except GroupsFileError as exc:  # a reader's user named it, or may name another: --groups
+        raise GroupsFileError(f"{exc}: correct it, or name the trace's groups file with --groups") from exc
     manifest, problem = read_manifest_leniently(path, prefix)
     recorded = per_class_ranks(manifest, path)
     num_ranks = recorded or max(parse_trace_name(p)[1] for p in paths) + 1
