@@ -340,3 +340,12 @@ def test_a_toml_string_reads_back_as_written():
     text back, quotes, backslashes and control characters included."""
     for text in ('a"b', "back\\slash", "tab\there\nnew line", "del\x7f", "bell\x07", "ünï ∑", ""):
         assert tomllib.loads(f"x = {toml_string(text)}")["x"] == text
+
+
+@pytest.mark.parametrize("option", [["--ranks", "8"], ["--nodes", "2"]])
+def test_network_options_are_refused_without_network(tmp_path, option):
+    """--ranks and --nodes place nccl-tests runs; a device fit from profiles ignored them."""
+    run = flint("calibrate", tmp_path / "p.json.gz", tmp_path / "t", *option, "-o", tmp_path / "f.toml")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert f"{option[0]} places nccl-tests runs, for fitting a network" in run.stderr
+    assert not (tmp_path / "f.toml").exists()

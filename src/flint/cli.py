@@ -1025,12 +1025,16 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
     \b
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
     """
+    # each fit's own options, which the other would ignore without a word
+    for option, value in ({"--rank": rank, "--device": device_spec} if network else
+                          {"--ranks": ranks, "--nodes": nodes}).items():
+        if value is not None and network:
+            raise FlintError(f"{option} is for fitting a device to profiles, not a network: leave it out with "
+                             "--network")
+        if value is not None:
+            raise FlintError(f"{option} places nccl-tests runs, for fitting a network: give --network with it, or "
+                             "leave it out")
     if network is not None:
-        # they fit a device to profiles, and a network fit would ignore them without a word
-        for parameter, option in (("rank", "--rank"), ("device_spec", "--device")):
-            if click.get_current_context().get_parameter_source(parameter) != click.core.ParameterSource.DEFAULT:
-                raise FlintError(f"{option} is for fitting a device to profiles, not a network: "
-                                 "leave it out with --network")
         _calibrate_network(pairs, output, network, ranks, nodes, name, as_json)
         return
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
