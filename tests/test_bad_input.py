@@ -79,6 +79,13 @@ def test_a_model_path_that_is_a_directory_or_holds_nul_bytes_is_one_line(tmp_pat
     assert "line None" not in run.stderr
 
 
+@pytest.mark.parametrize("args", [("extract", EXAMPLES / "mlp.py", "--mesh", "2", "--device", ""),
+                                  ("simulate", EXAMPLES, "--network", " "), ("inspect", EXAMPLES, "--device", "")])
+def test_an_empty_device_or_network_is_refused_not_taken_for_the_default(tmp_path, args):
+    run = flint(*args, "-o", tmp_path / "out") if args[0] == "extract" else flint(*args)
+    assert run.returncode == 2 and "is empty: give a name or a file, or leave the option out" in run.stderr
+
+
 def test_not_a_python_file(tmp_path):
     model = tmp_path / "model.txt"
     model.write_text("x = 1\n")

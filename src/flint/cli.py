@@ -157,6 +157,13 @@ def _progress(quiet: bool) -> Progress:
     )
 
 
+def _named(ctx, param, value: str | None) -> str | None:
+    """A name or file given: an empty one would stand for the default, as if none were."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty: give a name or a file, or leave the option out")
+    return value
+
+
 def _warn_unmatched(layout) -> None:
     for warning in layout.warnings:
         stderr.print(f"[yellow]warning:[/] {warning}")
@@ -231,7 +238,7 @@ def _model_arg_option(command):
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("traces"),
               show_default=True, help="Directory to write the trace into (must be empty or new).")
 @click.option("--name", help="File name prefix of the trace files [default: the model file's stem].")
-@click.option("--device", "device_spec", metavar="DEVICE",
+@click.option("--device", "device_spec", metavar="DEVICE", callback=_named,
               help=f"Device that times kernels for duration_micros: {', '.join(BUILTIN)}, or a "
                    ".toml/.json device file [default: the backend's GPU or TPU where it is one of "
                    "these, else h100].")
@@ -501,7 +508,7 @@ def _compute_options(command):
                      help="Compute times: trace (each node's duration_micros, as extracted), or "
                           "calibrated or roofline: timed again by that kernel model on --device "
                           "[default: trace; calibrated with --device]."),
-        click.option("--device", "device_spec", metavar="DEVICE",
+        click.option("--device", "device_spec", metavar="DEVICE", callback=_named,
                      help=f"Time compute again on this device: {', '.join(BUILTIN)}, or a .toml/.json "
                           "device file [default: the trace's own durations; with --durations, the "
                           "device its manifest records]."),
@@ -545,7 +552,7 @@ def _network_options(command):
                      help="How collectives are timed: as NCCL runs them (its algorithms, protocols and "
                           "tuner, on the network file's bandwidths), or as ASTRA-sim's analytical backend "
                           "times them (a ring per network dimension)."),
-        click.option("--network", metavar="NETWORK",
+        click.option("--network", metavar="NETWORK", callback=_named,
                      help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/step/networks/), a network "
                           f"file (.toml), or an ASTRA-sim network (.yml) [default: {DEFAULT_NETWORK}]."),
     ):
@@ -738,7 +745,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--network", default="hgx", show_default=True, metavar="NETWORK",
+@click.option("--network", default="hgx", show_default=True, metavar="NETWORK", callback=_named,
               help="Network: a built-in one (hgx, hgx-h200, hgx-a100, hgx-b200, nvl72, flat), a network file "
                    "(.toml), or an ASTRA-sim network (.yml).")
 @click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl", show_default=True,
@@ -747,7 +754,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 @click.option("--roofline", is_flag=True,
               help="Let ASTRA-sim time compute from FLOPs and bytes (its roofline mode) instead of "
                    "replaying each node's duration.")
-@click.option("--device", "device_spec", metavar="DEVICE",
+@click.option("--device", "device_spec", metavar="DEVICE", callback=_named,
               help=f"Roofline device: {', '.join(BUILTIN)}, or a JSON spec file [default: the trace's].")
 @click.option("--system", type=click.Path(path_type=Path, dir_okay=False), metavar="JSON",
               help="ASTRA-sim system keys that replace Flint's (scheduling, chunking, collective algorithms), "
@@ -989,9 +996,9 @@ def _branches(count: int) -> str:
                    "--network) to write.")
 @click.option("--rank", type=int,
               help="The traces' rank that was profiled [default: TRACE's, where it is one .et file; else 0].")
-@click.option("--device", "device_spec", metavar="DEVICE",
+@click.option("--device", "device_spec", metavar="DEVICE", callback=_named,
               help="Device whose peaks to keep [default: the one the traces' manifests record].")
-@click.option("--network", metavar="NETWORK",
+@click.option("--network", metavar="NETWORK", callback=_named,
               help="Fit this network (a built-in one or a .toml network file) to nccl-tests output instead "
                    "of a device to profiles.")
 @click.option("--ranks", type=click.IntRange(min=2), help="With --network: the GPUs the nccl-tests ran on, "
