@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import tomllib
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from conftest import flint
@@ -30,6 +31,12 @@ def nccl_tests(path, program: str, times: dict[int, float], header: str = HEADER
                     f"{header}#\n#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
                     f"{rows}# Avg bus bandwidth    : 0\n")
     return path
+
+
+def assert_refused(run, written: Path, words: str) -> None:
+    """Exit 2, one line on stderr that says `words`, and no file written."""
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert words in run.stderr and not written.exists()
 
 
 def test_nvls_bandwidth_and_latency_are_recovered(tmp_path):
@@ -229,17 +236,21 @@ def test_ranks_the_networks_nodes_cannot_hold_are_refused(tmp_path):
 GOOD_ROW = "   8388608   2097152  float  sum  -1  151.6  55.35  103.78  0  150.5  55.74  104.51  0\n"
 
 
+def calibrate_table(tmp_path: Path, text: str):
+    """`flint calibrate --network hgx` of an all_reduce_perf file holding `text`, 8 ranks."""
+    measured = tmp_path / "all_reduce_perf.txt"
+    measured.write_text(text)
+    return flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
+
+
 @pytest.mark.parametrize("last", ["  16777216   4194304  fl\n", GOOD_ROW.replace("150.5", "inf")],
                          ids=["cut off", "inf"])
 def test_a_cut_off_row_and_an_infinite_time_are_one_line(tmp_path, last):
     """Before, a last row cut off within its first four fields was an IndexError, and a time of inf
     a math domain error (the log of an infinite ratio), both tracebacks with exit 1."""
-    measured = tmp_path / "all_reduce_perf.txt"
-    measured.write_text(f"#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
-                        f"{GOOD_ROW}{last}")
-    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert "line 3: not a row of nccl-tests' table" in run.stderr and not (tmp_path / "f.toml").exists()
+    run = calibrate_table(tmp_path, "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+                          f"{GOOD_ROW}{last}")
+    assert_refused(run, tmp_path / "f.toml", "line 3: not a row of nccl-tests' table")
 
 
 
@@ -255,9 +266,7 @@ def test_a_row_with_wrong_results_is_refused(tmp_path):
     lines[9] = lines[9][:-1] + "N/A"
     measured.write_text("\n".join(lines) + "\n")
     run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert "line 9: nccl-tests found 3 wrong results at 1,073,741,824 bytes" in run.stderr
-    assert not (tmp_path / "f.toml").exists()
+    assert_refused(run, tmp_path / "f.toml", "line 9: nccl-tests found 3 wrong results at 1,073,741,824 bytes")
     lines[8] = lines[8][:-1] + "0"
     measured.write_text("\n".join(lines) + "\n")
     run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
@@ -273,9 +282,7 @@ def test_a_file_of_two_programs_tables_is_refused(tmp_path):
     both.write_text(nccl_tests(tmp_path / "a", "all_gather_perf", gather).read_text()
                     + nccl_tests(tmp_path / "b", "all_reduce_perf", reduce).read_text())
     run = flint("calibrate", "--network", "hgx", both, "-o", tmp_path / "f.toml")
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert "more than one nccl-tests program (all_gather_perf, all_reduce_perf)" in run.stderr
-    assert not (tmp_path / "f.toml").exists()
+    assert_refused(run, tmp_path / "f.toml", "more than one nccl-tests program (all_gather_perf, all_reduce_perf)")
 
 
 def test_names_and_sources_are_written_as_toml_strings(tmp_path):
@@ -302,8 +309,7 @@ def test_device_options_are_refused_with_network(tmp_path, option):
     times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
     run = flint("calibrate", "--network", "hgx", measured, *option, "-o", tmp_path / "f.toml")
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert f"{option[0]} is for fitting a device to profiles" in run.stderr and not (tmp_path / "f.toml").exists()
+    assert_refused(run, tmp_path / "f.toml", f"{option[0]} is for fitting a device to profiles")
 
 
 @pytest.mark.parametrize("columns", ["size count type redop root", "size count type"])
@@ -311,12 +317,9 @@ def test_a_table_of_out_of_place_columns_only_says_so(tmp_path, columns):
     """Rows of size, count, type (with or without redop and root) and one group of time, algbw,
     busbw and #wrong: before, each was "not a row of nccl-tests' table"."""
     lead = "float sum -1" if "redop" in columns else "float"
-    measured = tmp_path / "all_reduce_perf.txt"
-    measured.write_text(f"#  {columns} time algbw busbw #wrong\n"
-                        f"  8388608  2097152  {lead}  151.6  55.35  103.78  0\n")
-    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "8", "-o", tmp_path / "f.toml")
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert "line 2: has no in-place column" in run.stderr and not (tmp_path / "f.toml").exists()
+    run = calibrate_table(tmp_path, f"#  {columns} time algbw busbw #wrong\n"
+                                    f"  8388608  2097152  {lead}  151.6  55.35  103.78  0\n")
+    assert_refused(run, tmp_path / "f.toml", "line 2: has no in-place column")
 
 
 def test_a_run_slower_than_the_network_can_be_names_the_network(tmp_path):
@@ -346,6 +349,4 @@ def test_a_toml_string_reads_back_as_written():
 def test_network_options_are_refused_without_network(tmp_path, option):
     """--ranks and --nodes place nccl-tests runs; a device fit from profiles ignored them."""
     run = flint("calibrate", tmp_path / "p.json.gz", tmp_path / "t", *option, "-o", tmp_path / "f.toml")
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert f"{option[0]} places nccl-tests runs, for fitting a network" in run.stderr
-    assert not (tmp_path / "f.toml").exists()
+    assert_refused(run, tmp_path / "f.toml", f"{option[0]} places nccl-tests runs, for fitting a network")
