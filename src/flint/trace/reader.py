@@ -322,14 +322,15 @@ def locate_traces(
     one_per_class = recorded is not None and len(paths) < recorded
     chosen = chosen or paths
     if rank is not None:
-        held = sorted(parse_trace_name(p)[1] for p in chosen)
-        if rank not in held and len(chosen) == 1:
-            raise TraceLookupError(f"{chosen[0]} holds rank {held[0]}, not rank {rank}: drop --rank, or give "
-                                   "the directory")
-        if rank not in held:
+        picked = [p for p in chosen if parse_trace_name(p)[1] == rank]
+        if not picked:  # what the path holds instead, named only when it is asked for
+            held = sorted(parse_trace_name(p)[1] for p in chosen)
+            if len(chosen) == 1:
+                raise TraceLookupError(f"{chosen[0]} holds rank {held[0]}, not rank {rank}: drop --rank, or give "
+                                       "the directory")
             raise TraceLookupError(f"{path}: no trace file for rank {rank}; its files are of ranks {held[0]} to "
                                    f"{held[-1]}: choose one of those")
-        chosen = [p for p in chosen if parse_trace_name(p)[1] == rank]
+        chosen = picked
     return TraceFiles(chosen, groups, num_ranks, one_per_class, path, prefix, manifest, problem, groups_path)
 
 
