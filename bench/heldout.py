@@ -1,6 +1,7 @@
 """Predicted beside measured on real GPUs, on steps the device files were fitted to and held out.
 
-    python bench/heldout.py [--measured bench/measured] [--devices h100,h200] [--only NAME,...] [--keep DIR]
+    python bench/heldout.py [--measured bench/measured] [--suite bench/gpu_steps.toml] [--devices h100,h200]
+                            [--only NAME,...] [--keep DIR]
 
 `bench/measured/` holds what `bench/measure_gpu.py` recorded on a real H100 and H200 for the steps of
 `bench/gpu_steps.toml` (GPT and Llama-style training and decode steps of several sizes): each
@@ -80,13 +81,15 @@ def print_row(row: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measured", type=Path, default=ROOT / "bench" / "measured")
+    parser.add_argument("--suite", type=Path, default=ROOT / "bench" / "gpu_steps.toml",
+                        help="the steps measured (which were fitted: `fit = true`)")
     parser.add_argument("--devices", default="h100,h200")
     parser.add_argument("--only", default="", help="comma-separated step names")
     parser.add_argument("--keep", type=Path, help="write the traces here (default: a temporary folder)")
     options = parser.parse_args()
     if options.keep:
         options.keep.mkdir(parents=True, exist_ok=True)
-    steps = {s["name"]: s for s in suite(ROOT / "bench" / "gpu_steps.toml", "")}
+    steps = {s["name"]: s for s in suite(options.suite, "")}
     wanted = set(options.only.split(",")) if options.only else set(steps)
     header = "".join(f"{label:>25}" for label in ("GEMM ms: Flint  real", "other ms", "step ms", "peak GB"))
     print(f"{'':<{NAME_WIDTH + 12}}{header}")

@@ -171,6 +171,18 @@ def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
                 emitters=kernel_emitters(compiled))
 
 
+def run_any_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
+    """A JAX model file's step (`run_step`), or a PyTorch one's as PyTorch runs it
+    (`measure_torch.run_torch_step`)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from flint.frontend.torch_model import is_torch_model
+    from measure_torch import load, run_torch_step
+
+    if is_torch_model(load(ROOT / step["model"])):
+        return run_torch_step(step, out, steps, warmup, device_tag)
+    return run_step(step, out, steps, warmup)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--out", type=Path, required=True)
@@ -185,7 +197,7 @@ def main() -> None:
     options.out.mkdir(parents=True, exist_ok=True)
     steps = suite(options.suite, options.only or options.worker)
     if options.worker:
-        print(json.dumps(run_step(steps[0], options.out, options.steps, options.warmup)), flush=True)
+        print(json.dumps(run_any_step(steps[0], options.out, options.steps, options.warmup)), flush=True)
         return
     started = time.perf_counter()
     for step in steps:
@@ -207,9 +219,10 @@ def main() -> None:
         record = json.loads(lines[-1])
         with open(options.out / f"{record['device']}.jsonl", "a") as sink:
             sink.write(lines[-1] + "\n")
+        setup = f"compile {record['compile_s']}" if "compile_s" in record else f"warm-up {record['warmup_s']}"
         print(f"{step['name']}: {record['step_median_s'] * 1e3:.1f} ms, peak "
               f"{(record['memory']['peak_bytes_in_use'] or 0) / 1e9:.2f} GB, {record['profiled_kernels']} kernels, "
-              f"compile {record['compile_s']} s, {time.perf_counter() - t0:.0f} s in all", flush=True)
+              f"{setup} s, {time.perf_counter() - t0:.0f} s in all", flush=True)
 
 
 if __name__ == "__main__":
