@@ -85,6 +85,34 @@ def test_pooling_backwards_equal_torch(kernel, stride, padding, dilation, ceil_m
         assert torch.allclose(found, expected, atol=1e-6)
 
 
+def test_pooling_backwards_place_gradients_without_scatter():
+    """A strided window's gradients are placed by interleaving zeros (a concatenation and a
+    reshape), which XLA fuses with the padding and the sum: a scatter it does not fuse, and the
+    ResNet-18 step at 224x224, batch 256, then held nine 770 MB buffers, one per window offset
+    (bench/measured/torch: a real H200 peaks at 5.9 GB for that step)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from flint.frontend.torch_decompositions import decompositions
+
+    aten = torch.ops.aten
+    table = decompositions()
+    x = torch.randn(2, 3, 9, 8)
+    y, indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    grad = torch.randn_like(y)
+    max_backward = table[aten.max_pool2d_with_indices_backward.default]
+    avg_backward = table[aten.avg_pool2d_backward.default]
+    backwards = {
+        "max": lambda g, x, i: max_backward(g, x, [3], [2], [1], [1], False, i),
+        "avg": lambda g, x, i: avg_backward(g, x, [3], [2], [1], False, True, None),
+    }
+    for kind, backward in backwards.items():
+        ops = {str(node.target) for node in make_fx(backward)(grad, x, indices).graph.nodes if node.op == "call_function"}
+        assert not [op for op in ops if "scatter" in op], f"{kind}-pool backward: {sorted(ops)}"
+        assert "aten.cat.default" in ops, f"{kind}-pool backward: {sorted(ops)}"
+
+
 @pytest.mark.parametrize(
     "dim, correction, keepdim, dtype",
     [([0, 2, 3], 0, True, "float32"), ([1], None, False, "float32"), (None, 1, False, "float32"),

@@ -93,15 +93,28 @@ def _scatter_windows(share, grad, x, kernel_size, stride, padding, dilation=(1,)
     span_h, span_w = (out_h - 1) * sh + 1, (out_w - 1) * sw + 1
     rows = max(height + 2 * ph, span_h + (kh - 1) * dh)
     cols = max(width + 2 * pw, span_w + (kw - 1) * dw)
-    batch = grad.shape[:-2]
     total = None
     for i in range(kh):
         for j in range(kw):
-            strided = torch.slice_scatter(grad.new_zeros(*batch, span_h, out_w), share(i, j), -2, 0, span_h, sh)
-            strided = torch.slice_scatter(grad.new_zeros(*batch, span_h, span_w), strided, -1, 0, span_w, sw)
+            strided = _spread(_spread(share(i, j), sh, -2), sw, -1)
             placed = F.pad(strided, (j * dw, cols - span_w - j * dw, i * dh, rows - span_h - i * dh))
             total = placed if total is None else total + placed
     return total[..., ph : ph + height, pw : pw + width]
+
+
+def _spread(t, stride: int, dim: int):
+    """`t` with its elements along `dim` (-1 or -2) `stride` apart, zeros between: element k at
+    k * stride. Interleaved by a concatenation and a reshape, which XLA fuses with the padding and
+    the sum around them; a strided `slice_scatter` lowers to a scatter, which it does not, and each
+    window offset's gradient would then be a buffer of its own."""
+    import torch
+
+    if stride == 1:
+        return t
+    count = t.shape[dim]
+    zeros = t.new_zeros(*t.shape[: t.dim() + dim + 1], stride - 1, *t.shape[t.dim() + dim + 1 :])
+    interleaved = torch.cat([t.unsqueeze(dim), zeros], dim).flatten(dim - 1, dim)
+    return interleaved.narrow(dim, 0, (count - 1) * stride + 1)
 
 
 def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
