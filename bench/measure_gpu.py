@@ -116,6 +116,18 @@ def kernel_emitters(compiled) -> dict[str, str]:
     return emitters
 
 
+def exported_step(path: Path, donated: list[int], device):
+    """A step serialized by `bench/export_step.py` (a PyTorch file's, lowered where torch-mlir is):
+    (its function, its arguments' abstract tree on `device`, the arguments to donate)."""
+    import jax
+
+    exported = jax.export.deserialize(bytearray(path.read_bytes()))
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in exported.in_avals]
+    args, _ = jax.tree_util.tree_unflatten(exported.in_tree, leaves)
+    return exported.call, tuple(args), tuple(donated)
+
+
 def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     import jax
     import numpy as np
@@ -129,13 +141,17 @@ def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     axes = step.get("mesh", "data=1")
     spec = parse_mesh(axes)
     mesh = jax.sharding.Mesh(np.array([device]).reshape(spec.shape), spec.axis_names)
-    workload = load_workload(ROOT / step["model"], mesh, step.get("args", {}))
-    fn = workload.step
+    if "exported" in step:
+        fn, abstract, donated = exported_step(ROOT / step["exported"], step["donated"], device)
+    else:
+        workload = load_workload(ROOT / step["model"], mesh, step.get("args", {}))
+        fn, abstract = workload.step, workload.args
+        with jax.set_mesh(mesh):
+            donated = donated_arguments(workload)
     with jax.set_mesh(mesh):
-        donated = donated_arguments(workload)
-        replacing = {position: output for position, output in replacements(fn, workload.args).items()
+        replacing = {position: output for position, output in replacements(fn, abstract).items()
                      if position in donated}
-    args = materialize(workload.args)
+    args = materialize(abstract)
     jax.block_until_ready(args)
     inputs_bytes = (device.memory_stats() or {}).get("bytes_in_use")
     started = time.perf_counter()
@@ -172,13 +188,13 @@ def run_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
 
 
 def run_any_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
-    """A JAX model file's step (`run_step`), or a PyTorch one's as PyTorch runs it
-    (`measure_torch.run_torch_step`)."""
+    """A JAX model file's step or an exported one (`run_step`), or a PyTorch file's as PyTorch
+    runs it (`measure_torch.run_torch_step`)."""
     sys.path.insert(0, str(ROOT / "src"))
     from flint.frontend.torch_model import is_torch_model
     from measure_torch import load, run_torch_step
 
-    if is_torch_model(load(ROOT / step["model"])):
+    if "exported" not in step and is_torch_model(load(ROOT / step["model"])):
         return run_torch_step(step, out, steps, warmup, device_tag)
     return run_step(step, out, steps, warmup)
 
