@@ -7,12 +7,11 @@ Batch B = 8 of 64x64 images on a 2x4 mesh under `--strategy dp`: b = 1 image per
   along one spatial dimension whose tap reads a real input element (padding excluded), counted
   here by enumerating them. The input gradient reads the same pairs (each is one real tap of the
   transposed convolution, whose stride shows as zeros between the output gradient's elements,
-  which read nothing); the stem's is not computed (the images need none). The weight gradient
-  reads them seen from the weights, but torch-mlir lowers it as a convolution of the padded input
-  with the stride-dilated output gradient, whose result is n + 2p - (m - 1)·s weight positions
-  per dimension (m outputs), then sliced to the kernel's k: where the forward's last window
-  stops short of the padded edge ((n + 2p - k) mod s = 1: every stride-2 convolution here), one
-  more position per dimension, with the pairs it reads.
+  which read nothing); the stem's is not computed (the images need none). A stride-1
+  convolution's weight gradient reads the same pairs, seen from the weights. A strided one's is
+  Flint's decomposition (`flint.frontend.torch_decompositions`): the input padded explicitly and
+  cut to what the forward's windows read, then read by the stride-dilated output gradient, so each
+  of the k · m pairs per dimension (m outputs) reads an element, the padding's zeros included.
 - Matmuls: the classifier [512 -> 1000] forward, its weight and its input gradient.
 - Collectives over all 8 ranks: each convolution weight's and the classifier's gradient all-reduced
   in f32; BatchNorm's statistics are those of the whole batch (as SyncBatchNorm), so each BatchNorm
@@ -110,8 +109,8 @@ def test_training_data_parallel_every_rank(tmp_path):
     conv_flops = []
     for index, (cout, cin, kernel, stride, padding, side) in enumerate(convolutions()):
         flops = 2 * b * cout * cin * taps(side, kernel, stride, padding) ** 2
-        positions = kernel + (side + 2 * padding - kernel) % stride  # of the weight gradient
-        weight_gradient = 2 * b * cout * cin * taps(side, positions, stride, padding) ** 2
+        outputs = (side + 2 * padding - kernel) // stride + 1
+        weight_gradient = flops if stride == 1 else 2 * b * cout * cin * (kernel * outputs) ** 2
         conv_flops += [flops, weight_gradient] + ([flops] if index else [])  # and the input gradient
     fc = 2 * b * 512 * CLASSES
     expected = sorted(

@@ -114,6 +114,38 @@ def test_pooling_backwards_place_gradients_without_scatter():
 
 
 @pytest.mark.parametrize(
+    "kernel, stride, padding, dilation", [(3, 2, 1, 1), (7, 2, 3, 1), (1, 2, 0, 1), (3, 3, 2, 2), (3, 1, 1, 1)]
+)
+def test_strided_convolution_weight_gradient_is_one_plain_convolution(kernel, stride, padding, dilation):
+    """A strided convolution's weight gradient is torch's, computed by one convolution without
+    feature groups (torch-mlir's own lowering has one group per image, which XLA runs as a cuDNN
+    call per image); stride 1 keeps torch-mlir's lowering."""
+    import torch
+    import torch.nn.functional as F
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from flint.frontend.torch_decompositions import decompositions
+
+    aten = torch.ops.aten
+    backward = decompositions()[aten.convolution_backward.default]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 11, 12, requires_grad=True)
+    w = torch.randn(4, 3, kernel, kernel, requires_grad=True)
+    y = F.conv2d(x, w, None, stride, padding, dilation)
+    grad = torch.randn_like(y)
+    expected = torch.autograd.grad(y, (x, w), grad)
+    arguments = ([stride] * 2, [padding] * 2, [dilation] * 2, False, [0, 0], 1, [True, True, False])
+    found = backward(grad, x.detach(), w.detach(), None, *arguments)
+    if stride == 1:
+        assert found is NotImplemented
+        return
+    assert torch.allclose(found[0], expected[0], atol=1e-5) and torch.allclose(found[1], expected[1], atol=1e-4)
+    graph = make_fx(lambda g, x, w: backward(g, x, w, None, *arguments)[1])(grad, x.detach(), w.detach()).graph
+    convolutions = [n for n in graph.nodes if n.target == aten.convolution.default]
+    assert len(convolutions) == 1 and convolutions[0].args[-1] == 1  # one group
+
+
+@pytest.mark.parametrize(
     "dim, correction, keepdim, dtype",
     [([0, 2, 3], 0, True, "float32"), ([1], None, False, "float32"), (None, 1, False, "float32"),
      ([-1], 2, True, "bfloat16")],

@@ -34,6 +34,7 @@ def decompositions() -> dict:
         aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
         aten.avg_pool2d_backward.default: _avg_pool2d_backward,
         aten.empty_permuted.default: _empty_permuted,
+        aten.convolution_backward.default: _convolution_backward,
         aten.var_mean.correction: _var_mean,
         aten.var.correction: lambda *args, **options: _var_mean(*args, **options)[0],
     }
@@ -55,6 +56,35 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     if not keepdim:
         mean = mean.squeeze(dims)
     return var.to(x.dtype), mean.to(x.dtype)
+
+
+def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    """A strided convolution's weight gradient as the plain convolution that XLA's GPU compiler
+    runs as cuDNN's backward-filter kernel: the padded input, cut to what the forward's windows
+    read, with its batch as channels, read by the output gradient with the forward's stride as the
+    kernel's dilation, so that the result is the weight's shape (and so is its all-reduce across
+    data-parallel ranks). torch-mlir
+    lowers it as a convolution of one feature group per image, which XLA runs as that many cuDNN
+    calls (256 for ResNet-18 at batch 256: its seven strided weight gradients took most of a
+    real H200's 76.5 ms step, bench/measured/torch). The input and bias gradients, and every other
+    convolution's, stay torch-mlir's (NotImplemented)."""
+    import torch
+
+    aten = torch.ops.aten
+    if not output_mask[1] or transposed or groups != 1 or all(s == 1 for s in stride):
+        return NotImplemented
+    grad_input, _, grad_bias = aten.convolution_backward.default(
+        grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        [output_mask[0], False, output_mask[2]],
+    )
+    padded = aten.constant_pad_nd.default(x, [side for p in reversed(padding) for side in (p, p)])
+    for dim, (outputs, kernel, s, d) in enumerate(zip(grad.shape[2:], weight.shape[2:], stride, dilation), start=2):
+        padded = padded.narrow(dim, 0, (outputs - 1) * s + (kernel - 1) * d + 1)  # what the windows read
+    zeros = [0] * len(stride)
+    taps = aten.convolution.default(padded.transpose(0, 1), grad.transpose(0, 1), None, list(dilation), zeros,
+                                    list(stride), False, zeros, 1)
+    return grad_input, taps.transpose(0, 1), grad_bias
 
 
 def _empty_permuted(shape, physical_layout, **options):
