@@ -1,8 +1,9 @@
 """The ATen decompositions a step is traced with: what torch-mlir lowers to StableHLO.
 
 torch's core ATen decompositions reduce composite ops (`silu_backward`, `slice_backward`,
-`nll_loss_backward`) to the core set. A few core ops have no StableHLO lowering in torch-mlir, so
-they are decomposed further here, into ops it lowers and XLA partitions along the batch:
+`nll_loss_backward`) to the core set. A few core ops have no StableHLO lowering in torch-mlir, or
+one that XLA runs poorly, so they are decomposed further here, into ops it lowers and XLA
+partitions along the batch:
 
 - `max_pool2d_with_indices` gets every size spelled out as a pair (`F.max_pool2d(x, 2)` gives a
   kernel [2] and no stride), which torch-mlir's lowering needs; its backward and `avg_pool2d_backward` become, for each window
@@ -10,6 +11,10 @@ they are decomposed further here, into ops it lowers and XLA partitions along th
   it for an average) padded into place at the input positions it came from. torch's own max-pool
   decompositions gather by computed indices instead, which the partitioner answers by gathering
   the whole activation across the batch;
+- `convolution_backward` of a strided convolution computes its weight gradient as one plain
+  convolution (the padded input read by the output gradient), which XLA's GPU compiler runs as
+  cuDNN's backward-filter kernel; torch-mlir's lowering has one feature group per image, which XLA
+  runs as a cuDNN call per image;
 - `empty_permuted` (dropout's random mask) becomes a plain `empty`: StableHLO has no memory layouts;
 - `native_batch_norm` takes torch's own decomposition, so that its batch statistics are a
   `var_mean`, and `var_mean` and `var` become a sum, a centred sum of squares and their divisions,
