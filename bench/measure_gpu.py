@@ -18,6 +18,11 @@ fusion autotuner times each fusion with a reduction or a transpose under both it
 Triton and keeps the faster: a choice that a compile without a GPU does not make. Steps left when
 `--budget-s` has passed are skipped, and say so. Needs JAX on a GPU and Flint's source (`src/`, put
 on the path here).
+
+A PyTorch model file's step runs as PyTorch runs it instead (`measure_torch.py`: eager, or
+`compile = true` in the suite; PyTorch on the GPU). A step that names an `exported` file runs that
+serialized program (`export_step.py`: a PyTorch file's step as Flint lowers it) under XLA, as above,
+with the suite's `donated` arguments.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def kernels_of(chrome_trace: Path, destination: Path) -> int:
     import gzip
 
     events = json.loads(chrome_trace.read_text())["traceEvents"]
-    kernels = [{"ph": "X", "pid": 1, "tid": 0, "ts": e["ts"], "dur": e["dur"], "name": e["name"]}
+    kernels = [{"ph": "X", "pid": 1, "tid": e.get("tid", 0), "ts": e["ts"], "dur": e["dur"], "name": e["name"]}
                for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     gpu = {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0 (torch)"}}
     destination.write_bytes(gzip.compress(json.dumps({"traceEvents": [gpu, *kernels]}).encode()))
