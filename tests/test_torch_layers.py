@@ -108,7 +108,8 @@ def test_pooling_backwards_place_gradients_without_scatter():
         "avg": lambda g, x, i: avg_backward(g, x, [3], [2], [1], False, True, None),
     }
     for kind, backward in backwards.items():
-        ops = {str(node.target) for node in make_fx(backward)(grad, x, indices).graph.nodes if node.op == "call_function"}
+        graph = make_fx(backward)(grad, x, indices).graph
+        ops = {str(node.target) for node in graph.nodes if node.op == "call_function"}
         assert not [op for op in ops if "scatter" in op], f"{kind}-pool backward: {sorted(ops)}"
         assert "aten.cat.default" in ops, f"{kind}-pool backward: {sorted(ops)}"
 

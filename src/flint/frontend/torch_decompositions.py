@@ -69,11 +69,10 @@ def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation
     runs as cuDNN's backward-filter kernel: the padded input, cut to what the forward's windows
     read, with its batch as channels, read by the output gradient with the forward's stride as the
     kernel's dilation, so that the result is the weight's shape (and so is its all-reduce across
-    data-parallel ranks). torch-mlir
-    lowers it as a convolution of one feature group per image, which XLA runs as that many cuDNN
-    calls (256 for ResNet-18 at batch 256: its seven strided weight gradients took most of a
-    real H200's 76.5 ms step, bench/measured/torch). The input and bias gradients, and every other
-    convolution's, stay torch-mlir's (NotImplemented)."""
+    data-parallel ranks). torch-mlir lowers it as a convolution of one feature group per image,
+    which XLA runs as that many cuDNN calls (256 for ResNet-18 at batch 256: its seven strided
+    weight gradients took most of a real H200's 76.5 ms step, bench/measured/torch). The input and
+    bias gradients, and every other convolution's, stay torch-mlir's (NotImplemented)."""
     import torch
 
     aten = torch.ops.aten
