@@ -20,13 +20,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_mlir")
 
-from conftest import EXAMPLES, extract, matmuls_and_collectives  # noqa: E402
+from conftest import EXAMPLES, MODELS, extract, matmuls_and_collectives  # noqa: E402
 
 from flint.schema import et_def_pb2 as pb  # noqa: E402
 from flint.trace.contract import check_traces  # noqa: E402
 from flint.trace.reader import attr_value, read_trace  # noqa: E402
 
-AR, AG = pb.ALL_REDUCE, pb.ALL_GATHER
+AR, AG, RS = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER
 F32, I64 = 4, 8
 
 
@@ -115,12 +115,15 @@ def test_pooling_backwards_place_gradients_without_scatter():
 
 
 @pytest.mark.parametrize(
-    "kernel, stride, padding, dilation", [(3, 2, 1, 1), (7, 2, 3, 1), (1, 2, 0, 1), (3, 3, 2, 2), (3, 1, 1, 1)]
+    "kernel, stride, padding, dilation, groups",
+    [(3, 2, 1, 1, 1), (7, 2, 3, 1, 1), (1, 2, 0, 1, 1), (3, 3, 2, 2, 1), (3, 1, 1, 1, 1), (3, 1, 1, 1, 4),
+     (3, 2, 1, 1, 4), (3, 2, 2, 2, 2)],
 )
-def test_strided_convolution_weight_gradient_is_one_plain_convolution(kernel, stride, padding, dilation):
-    """A strided convolution's weight gradient is torch's, computed by one convolution without
-    feature groups (torch-mlir's own lowering has one group per image, which XLA runs as a cuDNN
-    call per image); stride 1 keeps torch-mlir's lowering."""
+def test_convolution_weight_gradients_are_decomposed(kernel, stride, padding, dilation, groups):
+    """A strided or grouped convolution's weight gradient is torch's, computed without feature
+    groups: one plain convolution without groups (torch-mlir's own lowering has one group per
+    image, which XLA runs as a cuDNN call per image), or for groups a product per kernel tap
+    (torch-mlir's own lowering fails). An ungrouped stride-1 one keeps torch-mlir's lowering."""
     import torch
     import torch.nn.functional as F
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -130,20 +133,38 @@ def test_strided_convolution_weight_gradient_is_one_plain_convolution(kernel, st
     aten = torch.ops.aten
     backward = decompositions()[aten.convolution_backward.default]
     torch.manual_seed(0)
-    x = torch.randn(2, 3, 11, 12, requires_grad=True)
-    w = torch.randn(4, 3, kernel, kernel, requires_grad=True)
-    y = F.conv2d(x, w, None, stride, padding, dilation)
+    x = torch.randn(2, 4, 11, 12, requires_grad=True)
+    w = torch.randn(8, 4 // groups, kernel, kernel, requires_grad=True)
+    y = F.conv2d(x, w, None, stride, padding, dilation, groups)
     grad = torch.randn_like(y)
     expected = torch.autograd.grad(y, (x, w), grad)
-    arguments = ([stride] * 2, [padding] * 2, [dilation] * 2, False, [0, 0], 1, [True, True, False])
+    arguments = ([stride] * 2, [padding] * 2, [dilation] * 2, False, [0, 0], groups, [True, True, False])
     found = backward(grad, x.detach(), w.detach(), None, *arguments)
-    if stride == 1:
+    if stride == 1 and groups == 1:
         assert found is NotImplemented
         return
     assert torch.allclose(found[0], expected[0], atol=1e-5) and torch.allclose(found[1], expected[1], atol=1e-4)
     graph = make_fx(lambda g, x, w: backward(g, x, w, None, *arguments)[1])(grad, x.detach(), w.detach()).graph
-    convolutions = [n for n in graph.nodes if n.target == aten.convolution.default]
-    assert len(convolutions) == 1 and convolutions[0].args[-1] == 1  # one group
+    convolutions = [n.args[-1] for n in graph.nodes if n.target == aten.convolution.default]
+    assert convolutions == ([] if groups > 1 else [1])  # the groups of each convolution
+
+
+def test_depthwise_training_step_data_parallel(tmp_path):
+    """`tests/models/torch_depthwise.py` on a 4-way data mesh, batch B = 16, b = 4 per rank: every
+    parameter's gradient all-reduced in f32 (pointwise 32 x 3, two depthwise 32 x 1 x 3 x 3 (a
+    [32] sum per kernel tap), classifier 10 x 32 + 10), with the loss (f32) and cross-entropy's
+    label count (int64); then cross-entropy's (row, label) index pairs gathered (b pairs of int64,
+    twice) and its target pick's gradient reduce-scattered ([B] f32), as in ResNet's step: no
+    activation gathered."""
+    out = tmp_path / "t"
+    extract(MODELS / "torch_depthwise.py", "4", out)
+    gradients, batch, group = 32 * 3 + 2 * 32 * 9 + 10 * 32 + 10, 16, (0, 1, 2, 3)
+    for rank in range(4):
+        _, found = matmuls_and_collectives(out, rank)
+        assert sum(size for kind, size, _ in found if kind == AR) == gradients * F32 + F32 + I64, f"rank {rank}"
+        others = [c for c in found if c[0] != AR]
+        assert others == sorted([(AG, batch // 4 * 2 * I64, group)] * 2 + [(RS, batch * F32, group)]), f"rank {rank}"
+    assert check_traces(out) == []
 
 
 @pytest.mark.parametrize(

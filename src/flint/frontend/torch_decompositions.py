@@ -14,7 +14,8 @@ partitions along the batch:
 - `convolution_backward` of a strided convolution computes its weight gradient as one plain
   convolution (the padded input read by the output gradient), which XLA's GPU compiler runs as
   cuDNN's backward-filter kernel; torch-mlir's lowering has one feature group per image, which XLA
-  runs as a cuDNN call per image;
+  runs as a cuDNN call per image. A grouped (or depthwise) convolution's, whose lowering in
+  torch-mlir fails, is a product per kernel tap;
 - `empty_permuted` (dropout's random mask) becomes a plain `empty`: StableHLO has no memory layouts;
 - `native_batch_norm` takes torch's own decomposition, so that its batch statistics are a
   `var_mean`, and `var_mean` and `var` become a sum, a centred sum of squares and their divisions,
@@ -71,12 +72,14 @@ def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation
     kernel's dilation, so that the result is the weight's shape (and so is its all-reduce across
     data-parallel ranks). torch-mlir lowers it as a convolution of one feature group per image,
     which XLA runs as that many cuDNN calls (256 for ResNet-18 at batch 256: its seven strided
-    weight gradients took most of a real H200's 76.5 ms step, bench/measured/torch). The input and
-    bias gradients, and every other convolution's, stay torch-mlir's (NotImplemented)."""
+    weight gradients took most of a real H200's 76.5 ms step, bench/measured/torch). A grouped
+    convolution's (depthwise ones among them) is `_grouped_weight_gradient`'s. The input and bias
+    gradients, and an ungrouped stride-1 convolution's weight gradient, stay torch-mlir's
+    (NotImplemented)."""
     import torch
 
     aten = torch.ops.aten
-    if not output_mask[1] or transposed or groups != 1 or all(s == 1 for s in stride):
+    if not output_mask[1] or transposed or (groups == 1 and all(s == 1 for s in stride)):
         return NotImplemented
     grad_input, _, grad_bias = aten.convolution_backward.default(
         grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
@@ -85,10 +88,36 @@ def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation
     padded = aten.constant_pad_nd.default(x, [side for p in reversed(padding) for side in (p, p)])
     for dim, (outputs, kernel, s, d) in enumerate(zip(grad.shape[2:], weight.shape[2:], stride, dilation), start=2):
         padded = padded.narrow(dim, 0, (outputs - 1) * s + (kernel - 1) * d + 1)  # what the windows read
+    if groups > 1:
+        return grad_input, _grouped_weight_gradient(grad, padded, weight, stride, dilation, groups), grad_bias
     zeros = [0] * len(stride)
     taps = aten.convolution.default(padded.transpose(0, 1), grad.transpose(0, 1), None, list(dilation), zeros,
                                     list(stride), False, zeros, 1)
     return grad_input, taps.transpose(0, 1), grad_bias
+
+
+def _grouped_weight_gradient(grad, padded, weight, stride, dilation, groups):
+    """A grouped (or depthwise) convolution's weight gradient, one kernel tap at a time: the
+    padded input's strided window at that tap against the output gradient, a product per group
+    over the images and output positions (one reduction per tap where each group has one channel).
+    A convolution would have to take the images as its channels in groups, which torch's
+    `convolution` lays out with the images inside each group, so that a batch split over ranks
+    would be gathered; torch-mlir's own lowering of this gradient fails."""
+    import itertools
+
+    import torch
+
+    images, channels = padded.shape[:2]
+    outputs = grad.shape[2:]
+    x = padded.reshape(images, groups, channels // groups, *padded.shape[2:])
+    g = grad.reshape(images, groups, grad.shape[1] // groups, -1)
+    taps = []
+    for offsets in itertools.product(*(range(k) for k in weight.shape[2:])):
+        window = x
+        for axis, (offset, count, s, d) in enumerate(zip(offsets, outputs, stride, dilation), start=3):
+            window = torch.ops.aten.slice.Tensor(window, axis, offset * d, offset * d + (count - 1) * s + 1, s)
+        taps.append(torch.einsum("ngip,ngop->goi", window.flatten(3), g))
+    return torch.stack(taps, -1).reshape(weight.shape)
 
 
 def _empty_permuted(shape, physical_layout, **options):
