@@ -199,8 +199,10 @@ def run_any_step(step: dict, out: Path, steps: int, warmup: int) -> dict:
     from flint.frontend.torch_model import is_torch_model
     from measure_torch import load, run_torch_step
 
-    if "exported" not in step and is_torch_model(load(ROOT / step["model"])):
-        return run_torch_step(step, out, steps, warmup, device_tag)
+    if "exported" not in step:
+        module = load(ROOT / step["model"])
+        if is_torch_model(module):
+            return run_torch_step(step, module, out, steps, warmup, device_tag)
     return run_step(step, out, steps, warmup)
 
 

@@ -15,7 +15,6 @@ the step's temporaries, the counterpart of JAX's `peak_bytes_in_use`.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import sys
 import tempfile
@@ -31,11 +30,6 @@ def load(path: Path):
     sys.modules[spec.name] = module  # importable by name, as torch.compile's tracer looks modules up
     spec.loader.exec_module(module)
     return module
-
-
-def taking(fn, args: dict) -> dict:
-    """The model arguments `fn` takes (as Flint hands each to whichever function names it)."""
-    return {k: v for k, v in args.items() if k in inspect.signature(fn).parameters}
 
 
 def filled(tensor):
@@ -91,15 +85,17 @@ def kernels_of(chrome_trace: Path, destination: Path) -> int:
     return len(kernels)
 
 
-def run_torch_step(step: dict, out: Path, steps: int, warmup: int, tag_of) -> dict:
+def run_torch_step(step: dict, module, out: Path, steps: int, warmup: int, tag_of) -> dict:
+    """`step` of the suite, whose model file is `module` (as `load` loaded it)."""
     import torch
 
-    module = load(ROOT / step["model"])
+    from flint.frontend.torch_model import arguments_for
+
     args = step.get("args", {})
     torch.manual_seed(0)
     with torch.device("cuda"):
-        net = module.model(**taking(module.model, args))
-        batch = {k: filled(t) for k, t in module.example_inputs(**taking(module.example_inputs, args)).items()}
+        net = module.model(**arguments_for(module.model, args))
+        batch = {k: filled(t) for k, t in module.example_inputs(**arguments_for(module.example_inputs, args)).items()}
     net.train()
     params = [p for p in net.parameters() if p.requires_grad]
     update = optimizer_update(module, params)

@@ -107,6 +107,12 @@ def _takes(entry: Callable, name: str) -> bool:
     return any((p.name == name and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD for p in params)
 
 
+def arguments_for(entry: Callable, model_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The model arguments `entry` (`model` or `example_inputs`) takes: each argument goes to
+    whichever of the two names it."""
+    return {arg: value for arg, value in model_args.items() if _takes(entry, arg)}
+
+
 def _check_model_args(module, path: Path, model_args: Mapping[str, Any]) -> None:
     """Refuse, before anything runs, a model argument that neither model() nor example_inputs() takes."""
     entries = [getattr(module, name) for name in (MODEL_ENTRY, INPUTS_ENTRY)]
@@ -125,7 +131,7 @@ def _call(module, name: str, path: Path, where: Callable[[BaseException, Path], 
     entry = getattr(module, name)
     try:
         with torch.device("meta"):
-            return entry(**{arg: value for arg, value in model_args.items() if _takes(entry, arg)})
+            return entry(**arguments_for(entry, model_args))
     except Exception as exc:
         raise FlintError(
             f"{path.name}: {name}() raised {type(exc).__name__} at {where(exc, path)}: {exc}"
