@@ -233,6 +233,66 @@ def test_ranks_the_networks_nodes_cannot_hold_are_refused(tmp_path):
 
 
 
+TWO_NODES = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} device  {r % 8} [0x1b] NVIDIA H100\n"
+                    for r in range(16))
+
+
+def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
+    """All-reduce across two hgx nodes of 8, 1 to 16 GiB: NCCL runs NVLS-Tree, whose bus bandwidth
+    is the least of the node's NVLS (here 440 GB/s), twice the node's NICs on two nodes (2 x 8 x 47)
+    and 16 channels of 57.7: 440, after hgx's NVLS latency (81.5 µs) and two network steps of 20.9
+    (tuning.cc's NVLS-Tree hop): 123.3 + S / (440 x 16 / 30 x 10^3) µs. Before, the fit put the
+    whole shortfall on the NICs: 27.5 GB/s each (440 / 16), where they carry 47."""
+    times = {size: 81.5 + 2 * 20.9 + size / (440 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"]["node.nvls_bus_gbps[7]"] == pytest.approx(440, rel=0.005)
+    assert fit["fitted"].get("node.nvls_latency_us", 81.5) == pytest.approx(81.5, abs=0.5)
+    assert "scale_out.nic_gbps" not in fit["fitted"]
+    assert {row["algorithm"] for row in fit["runs"][0]["rows"]} == {"NVLS-Tree"}
+    assert load_network_file(tmp_path / "f.toml").scale_out.nic_gbps == 47.0
+
+
+def ring_across_two_nodes(bus_gbps: float) -> dict[int, float]:
+    """A Simple ring over two hgx nodes of 8 at `bus_gbps`: NCCL's latency 8.4 + 28 x 3.4 (its steps
+    within a node, NVLink's hop above 3 x the Intel host's 1 µs network overhead) + 2 x 14 (its
+    steps between nodes), 1.4 times over (a Simple ring across nodes with 64 B or more per channel
+    and rank), then S / (bus x 16 / 30 x 10^3)."""
+    return {size: (8.4 + 28 * 3.4 + 2 * 14) * 1.4 + size / (bus_gbps * 16 / 30 * 1e3) for size in SIZES}
+
+
+def test_a_ring_forced_across_two_nodes_fits_the_nics(tmp_path):
+    """NCCL_ALGO=Ring NCCL_PROTO=Simple across two nodes whose NICs carry 40 GB/s: the ring's bus
+    bandwidth is the least of the node's (370.8) and its 8 GPUs' NICs (320). nccl-tests' output does
+    not say the algorithm was forced; NCCL's own choice there, NVLS-Tree, would be timed instead."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", ring_across_two_nodes(320),
+                          header=TWO_NODES)
+    run = flint("calibrate", "--network", "hgx", measured, "--algorithm", "ring", "--protocol", "simple",
+                "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"] == {"scale_out.nic_gbps": pytest.approx(40, rel=0.001)}
+    assert fit["runs"][0]["forced"] == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+    for row in fit["runs"][0]["rows"]:
+        assert (row["algorithm"], row["protocol"]) == ("Ring", "Simple")
+        assert row["modelled_us"] == pytest.approx(row["measured_us"], rel=0.001)
+    source = dict(load_network_file(tmp_path / "f.toml").sources)["scale_out.nic_gbps"]
+    assert source.endswith("(in-place times, NCCL_ALGO=Ring, NCCL_PROTO=Simple)")
+
+
+def test_a_ring_across_nodes_faster_than_the_nodes_ring_names_it(tmp_path):
+    """The same ring at 400 GB/s: no NIC bandwidth gets it there, as hgx's node holds a ring to
+    370.8 (its largest size then takes 184.2 + S / (370.8 x 16 / 30 x 10^3) µs)."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", ring_across_two_nodes(400),
+                          header=TWO_NODES)
+    run = flint("calibrate", "--network", "hgx", measured, "--algorithm", "Ring", "-o", tmp_path / "f.toml")
+    node_bound = ring_across_two_nodes(370.8)[SIZES[-1]]
+    assert_refused(run, tmp_path / "f.toml", f"NCCL's model takes {node_bound:,.1f} at any scale_out.nic_gbps, where "
+                   "node.bus_gbps (370.8) bounds Ring Simple: the run is faster than hgx can be")
+
+
 GOOD_ROW = "   8388608   2097152  float  sum  -1  151.6  55.35  103.78  0  150.5  55.74  104.51  0\n"
 
 
@@ -345,8 +405,10 @@ def test_a_toml_string_reads_back_as_written():
         assert tomllib.loads(f"x = {toml_string(text)}")["x"] == text
 
 
-@pytest.mark.parametrize("option", [["--ranks", "8"], ["--nodes", "2"]])
+@pytest.mark.parametrize("option", [["--ranks", "8"], ["--nodes", "2"], ["--algorithm", "Ring"],
+                                    ["--protocol", "LL128"]])
 def test_network_options_are_refused_without_network(tmp_path, option):
-    """--ranks and --nodes place nccl-tests runs; a device fit from profiles ignored them."""
+    """--ranks, --nodes, --algorithm and --protocol describe nccl-tests runs; a device fit from
+    profiles ignored them."""
     run = flint("calibrate", tmp_path / "p.json.gz", tmp_path / "t", *option, "-o", tmp_path / "f.toml")
-    assert_refused(run, tmp_path / "f.toml", f"{option[0]} places nccl-tests runs, for fitting a network")
+    assert_refused(run, tmp_path / "f.toml", f"{option[0]} describes nccl-tests runs, for fitting a network")

@@ -33,6 +33,7 @@ from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.pipelining import SCHEDULES
+from flint.step.nccl import ALGORITHMS, PROTOCOLS
 from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS, RANK_FILE_CHOICES
 from flint.version import __version__
 
@@ -950,7 +951,8 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
         sys.exit(1)
 
 
-def _calibrate_network(paths, output: Path, network: str, ranks, nodes, name, as_json) -> None:
+def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorithm, protocol, name,
+                       as_json) -> None:
     """`flint calibrate --network`: fit a network file to nccl-tests output."""
     from flint.analysis.calibrate_network import calibrate_network
     from flint.analysis.nccl_tests import read_nccl_tests
@@ -963,8 +965,9 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, name, as
     if base is None:
         raise FlintError(f"unknown --network {network!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
     runs = [read_nccl_tests(path) for path in paths]
-    fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes)
-    source = f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} (in-place times)"
+    fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes, algorithm, protocol)
+    forced = "".join(f", {variable}={value}" for variable, value in fit.runs[0].forced.items())
+    source = f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} (in-place times{forced})"
     fitted = fit.network.with_sources(**{key: source for key in fit.fitted})
     try:  # encoded before the file is opened: a name that is not UTF-8 leaves no file behind
         text = network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network").encode()
@@ -1005,9 +1008,13 @@ def _branches(count: int) -> str:
               "where their output does not list them.")
 @click.option("--nodes", type=click.IntRange(min=1), help="With --network: the nodes they ran on, where the "
               "output does not list them [default: 1].")
+@click.option("--algorithm", type=click.Choice(ALGORITHMS, case_sensitive=False),
+              help="With --network: the algorithm the runs were held to with NCCL_ALGO [default: NCCL's choice].")
+@click.option("--protocol", type=click.Choice(PROTOCOLS, case_sensitive=False),
+              help="With --network: the protocol the runs were held to with NCCL_PROTO [default: NCCL's choice].")
 @click.option("--name", help="Name of the fitted device or network [default: its own, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_json):
+def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm, protocol, name, as_json):
     """Fit a device to profiled steps, or a network to nccl-tests.
 
     Each PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
@@ -1022,27 +1029,32 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, name, as_
 
     With --network, each argument is the output of an nccl-tests program (all_reduce_perf,
     all_gather_perf, reduce_scatter_perf, alltoall_perf, broadcast_perf, sendrecv_perf, named in
-    the file's name or its header): the fit sets the bandwidth each run's largest size measures
-    (NVLS's or the ring's in a node, the NICs' across nodes; a run whose largest size does not
-    show it is refused) and, to the smaller sizes, NVLS's latency or a node's Simple ring step and
-    LL128 share (one the sizes leave open, as a latency measured at one size, keeps the file's
-    own); prints each size measured beside NCCL's model before and after; and writes the network
-    file (use it as --network).
+    the file's name or its header): the fit sets the bandwidth each run's largest size measures,
+    the one that bounds what NCCL runs there (NVLS's or the ring's in a node; across nodes the
+    NICs', or the node's where NVLS bounds NVLS-Tree; a run whose largest size does not show one
+    is refused) and, to the smaller sizes, NVLS's latency or a node's Simple ring step and LL128
+    share (one the sizes leave open, as a latency measured at one size, keeps the file's own);
+    prints each size measured beside NCCL's model before and after; and writes the network file
+    (use it as --network). Runs made with NCCL_ALGO or NCCL_PROTO set need --algorithm or
+    --protocol: their output does not say so. To measure the NICs between two nodes, NCCL's
+    maintainers run a ring (NCCL_ALGO=Ring).
 
     \b
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
+      flint calibrate --network hgx ring_all_reduce_perf.txt --ranks 16 --nodes 2 --algorithm Ring -o my-hgx.toml
     """
     # each fit's own options, which the other would ignore without a word
     for option, value in ({"--rank": rank, "--device": device_spec} if network else
-                          {"--ranks": ranks, "--nodes": nodes}).items():
+                          {"--ranks": ranks, "--nodes": nodes, "--algorithm": algorithm,
+                           "--protocol": protocol}).items():
         if value is not None and network:
             raise FlintError(f"{option} is for fitting a device to profiles, not a network: leave it out with "
                              "--network")
         if value is not None:
-            raise FlintError(f"{option} places nccl-tests runs, for fitting a network: give --network with it, or "
+            raise FlintError(f"{option} describes nccl-tests runs, for fitting a network: give --network with it, or "
                              "leave it out")
     if network is not None:
-        _calibrate_network(pairs, output, network, ranks, nodes, name, as_json)
+        _calibrate_network(pairs, output, network, ranks, nodes, algorithm, protocol, name, as_json)
         return
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
     from flint.analysis.calibrate import calibrate as fit_device

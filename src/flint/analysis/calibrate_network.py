@@ -1,12 +1,21 @@
 """`flint calibrate --network`: fit a network file to measured collectives (nccl-tests output).
 
-Each run's largest size says which of the network's numbers it measures, by what NCCL's model runs
-there (`flint.step.nccl`): on one node, NVLS's bus bandwidth for that many GPUs, or else the
-node's ring bus bandwidth; across nodes, the NICs' bandwidth. That number is set so that the
-largest size takes its measured time (runs that measure one number share it: their mean). Then
-the numbers that shape the smaller sizes, each the value that minimises the sum of squared log
-ratios of modelled to measured time over the runs' sizes (a coarse grid, then a fine one around
-its best), in turns with the bandwidth until they hold:
+Each run's largest size says which of the network's numbers it measures: the bandwidth that bounds
+what NCCL's model runs there (`flint.step.nccl`), the one whose 1% either way moves its time.
+Across nodes that is the NICs', unless NVLS holds NVLS-Tree inside each node (NCCL's default
+across two H100 nodes, whose NICs count twice there): fitting the NICs to such a run would give
+them whatever slows NVLS, far below what they carry. A ring across nodes measures the NICs even
+where the node's ring bandwidth is as low (as on hgx): a slower run is put down to them. In a
+node it is NVLS's bus bandwidth for that many GPUs, or the ring's. That number is set so that the largest size takes
+its measured time (runs that measure one number share it: their mean). The node's numbers are
+fitted before the NICs', so that a one-node run given beside runs across nodes sets the node the
+NICs are fitted on. Runs made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm
+or protocol (`algorithm`, `protocol`): nccl-tests' output does not record them, and NCCL's
+choice would time another algorithm than ran.
+
+Then the numbers that shape the smaller sizes, each the value that minimises the sum of squared
+log ratios of modelled to measured time over the runs' sizes (a coarse grid, then a fine one
+around its best), in turns with the bandwidth until they hold:
 
 - where the bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
 - where it is the ring's on one node, one step of a Simple ring (0 to 100 µs, to 0.05 µs; NCCL's
@@ -19,7 +28,8 @@ file's own value where that fits as well, and is not reported as fitted. A run w
 does not depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one
 whose largest size took less than the model's latency, or longer than the model takes at any
 bandwidth (another algorithm, on the network's other numbers, outruns it: not the machine's
-network), and one on more ranks than the network's nodes hold or on ranks that do not divide over
+network) or less than another of its bandwidths allows (a ring across nodes faster than their
+NICs carry), and one on more ranks than the network's nodes hold or on ranks that do not divide over
 its nodes.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
@@ -33,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from flint.analysis.nccl_tests import NcclTestsRun
 from flint.errors import FlintError
@@ -78,10 +88,30 @@ class Row:
 
 
 @dataclass(frozen=True)
+class PlacedRun:
+    """A run as NCCL's model times it: on which ranks and nodes, of the algorithm and protocol it
+    forced (NCCL_ALGO, NCCL_PROTO; None: NCCL's choice)."""
+
+    run: NcclTestsRun
+    placement: Placement
+    algorithm: str | None = None
+    protocol: str | None = None
+
+    def choice(self, network: NetworkFile, size: int) -> Choice:
+        return modelled(network, self.run.comm_type, size, self.placement, self.algorithm, self.protocol)
+
+    def forced(self) -> dict[str, str]:
+        return {variable: value for variable, value in (("NCCL_ALGO", self.algorithm), ("NCCL_PROTO", self.protocol))
+                if value}
+
+
+@dataclass(frozen=True)
 class RunFit:
     run: NcclTestsRun
     placement: Placement
     rows: tuple[Row, ...]
+    forced: dict[str, str] = field(default_factory=dict)
+    """What the run held NCCL to: NCCL_ALGO, NCCL_PROTO -> value."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +131,7 @@ class NetworkFit:
             "at_limit": list(self.at_limit),
             "runs": [{
                 "file": str(fit.run.path), "collective": fit.run.collective, "ranks": fit.placement.ranks,
-                "nodes": fit.placement.nodes,
+                "nodes": fit.placement.nodes, "forced": fit.forced,
                 "rows": [{"bytes": r.size, "measured_us": r.measured, "before_us": r.before,
                           "modelled_us": r.after.micros, "algorithm": r.after.algorithm,
                           "protocol": r.after.protocol} for r in fit.rows],
@@ -145,16 +175,18 @@ def check_placement(run: NcclTestsRun, placement: Placement, network: NetworkFil
 
 
 def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str, ranks: int | None = None,
-                      nodes: int | None = None) -> NetworkFit:
-    """Fit `base`'s numbers to `runs` (see the module docstring)."""
-    placed = [(run, placement_of(run, ranks, nodes)) for run in runs]
-    for run, placement in placed:
-        check_placement(run, placement, base)
-    by_parameter: dict[str, list[tuple[NcclTestsRun, Placement]]] = defaultdict(list)
-    for run, placement in placed:
-        by_parameter[_parameter(base, run, placement)].append((run, placement))
+                      nodes: int | None = None, algorithm: str | None = None,
+                      protocol: str | None = None) -> NetworkFit:
+    """Fit `base`'s numbers to `runs`, made with NCCL_ALGO `algorithm` and NCCL_PROTO `protocol`
+    where given (see the module docstring)."""
+    placed = [PlacedRun(run, placement_of(run, ranks, nodes), algorithm, protocol) for run in runs]
+    for one in placed:
+        check_placement(one.run, one.placement, base)
+    by_parameter: dict[str, list[PlacedRun]] = defaultdict(list)
+    for one in placed:
+        by_parameter[_parameter(base, one)].append(one)
     network, fitted, at_limit = base, {}, []
-    for parameter, measured in by_parameter.items():
+    for parameter, measured in sorted(by_parameter.items(), key=lambda item: item[0].startswith("scale_out")):
         network = _fit_bandwidth(network, parameter, measured)
         shapes = (NVLS_LATENCY,) if parameter.startswith("node.nvls_bus_gbps") else SHAPES.get(parameter, ())
         values: dict[str, float] = {}
@@ -180,14 +212,13 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
                     at_limit.append(shape.key)
         fitted[parameter] = _get(network, parameter)
     network = replace(network, name=name)
-    fits = tuple(RunFit(run, placement, tuple(
-        Row(row.size, row.micros, modelled(base, run.comm_type, row.size, placement).micros,
-            modelled(network, run.comm_type, row.size, placement)) for row in run.rows))
-        for run, placement in placed)
+    fits = tuple(RunFit(one.run, one.placement, tuple(
+        Row(row.size, row.micros, one.choice(base, row.size).micros, one.choice(network, row.size))
+        for row in one.run.rows), one.forced()) for one in placed)
     return NetworkFit(network, fits, fitted, tuple(at_limit))
 
 
-def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> float:
+def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[PlacedRun]) -> float:
     """`shape`'s value of least misfit: every `coarse` from `low` to `high`, then every `fine`
     around the best (rounded to the fine step)."""
     def misfit(value: float) -> float:
@@ -200,8 +231,7 @@ def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[tuple[NcclTest
     return min((v for v in candidates if shape.low <= v <= shape.high), key=misfit)
 
 
-def _unsettled(network: NetworkFile, parameter: str, shape: Shape,
-               runs: Sequence[tuple[NcclTestsRun, Placement]]) -> bool:
+def _unsettled(network: NetworkFile, parameter: str, shape: Shape, runs: Sequence[PlacedRun]) -> bool:
     """Whether the sizes leave `network`'s value of `shape` loose: a fine step to either side
     (within the range), the bandwidth `parameter` refitted, fits them as well. So they bound the
     number at most, as LL128's share where LL128 loses at every size, or a latency measured at one
@@ -212,57 +242,87 @@ def _unsettled(network: NetworkFile, parameter: str, shape: Shape,
                for v in steps if shape.low <= v <= shape.high)
 
 
-def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> None:
+def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[PlacedRun]) -> None:
     """Each run's largest size must take longer with less of `parameter` and less with more: else
     it does not measure the number (an LL ring at its cap, below the bus bandwidth), and any
     value past a bound would fit it. And some value must give it its measured time: a time below
-    the model's latency is reached by none (the bisection ends at its bound); nor is a time above what
-    the model takes at the least value, where another algorithm or protocol, which does not depend on
-    `parameter`, runs faster on the network's other numbers: the network is not the machine's (an
-    A100 node measured on hgx, whose ring outruns it), and a larger size would not help."""
-    for run, placement in runs:
-        largest = run.largest
-        time, value = _timer(network, parameter, run.comm_type, largest.size, placement), _get(network, parameter)
-        closest = modelled(_fit_bandwidth(network, parameter, [(run, placement)]), run.comm_type, largest.size,
-                           placement)
+    the model's latency is reached by none (the bisection ends at its bound), nor one below what
+    another of the network's bandwidths allows (a ring across nodes faster than its NICs carry);
+    nor is a time above what the model takes at the least value, where another algorithm or
+    protocol, which does not depend on `parameter`, runs faster on the network's other numbers: the
+    network is not the machine's (an A100 node measured on hgx, whose ring outruns it), and a larger
+    size would not help."""
+    for one in runs:
+        largest = one.run.largest
+        time, value = _timer(network, parameter, one, largest.size), _get(network, parameter)
+        fitted = _fit_bandwidth(network, parameter, [one])
+        closest = one.choice(fitted, largest.size)
         if not math.isclose(closest.micros, largest.micros, rel_tol=0.01):
             slower = closest.micros < largest.micros
-            said = (f"{run.path}: its largest size ({largest.size:,} bytes) took {largest.micros:,.1f} µs, and NCCL's "
-                    f"model takes {'at most ' * slower}{closest.micros:,.1f} at any {parameter}")
+            said = (f"{one.run.path}: its largest size ({largest.size:,} bytes) took {largest.micros:,.1f} µs, and "
+                    f"NCCL's model takes {'at most ' * slower}{closest.micros:,.1f} at any {parameter}")
             if slower:
                 raise FlintError(f"{said}, running {closest.algorithm} {closest.protocol} on network {network.name}'s "
                                  f"other numbers: the run is slower than {network.name} can be: give the --network "
                                  "of the machine it ran on")
+            other = _binding(fitted, one, [p for p in _bandwidths(fitted, one) if p != parameter])
+            if other is not None:
+                raise FlintError(f"{said}, where {other} ({_get(fitted, other):g}) bounds {closest.algorithm} "
+                                 f"{closest.protocol}: the run is faster than {network.name} can be: give the "
+                                 "--network of the machine it ran on, or fit that number first")
             raise FlintError(f"{said}: give a run that reaches larger sizes (nccl-tests -e 8G)")
         if not time(value * 0.99) > time(value) > time(value * 1.01):
-            choice = modelled(network, run.comm_type, largest.size, placement)
-            raise FlintError(f"{run.path}: at its largest size ({largest.size:,} bytes) NCCL's model runs "
+            choice = one.choice(network, largest.size)
+            raise FlintError(f"{one.run.path}: at its largest size ({largest.size:,} bytes) NCCL's model runs "
                              f"{choice.algorithm} {choice.protocol}, whose time does not depend on {parameter}: "
                              "give a run that reaches larger sizes (nccl-tests -e 8G)")
 
 
-def _parameter(network: NetworkFile, run: NcclTestsRun, placement: Placement) -> str:
-    """Which number a run's largest size measures."""
-    choice = modelled(network, run.comm_type, run.largest.size, placement)
-    if placement.nodes > 1:
-        if network.scale_out is None:
-            raise FlintError(f"{run.path} ran on {placement.nodes} nodes and network {network.name} has one: "
-                             "start from a network with a [scale_out]")
-        return "scale_out.nic_gbps"
-    if choice.algorithm == "NVLS":
-        gpus = min(math.ceil(placement.ppn), len(network.node.nvls_bus_gbps))
-        return f"node.nvls_bus_gbps[{gpus - 1}]"
-    return "node.bus_gbps"
+def _bandwidths(network: NetworkFile, one: PlacedRun) -> list[str]:
+    """The bandwidths that may bound a run: the NICs' across nodes, NVLS's for its GPUs in a node
+    (where the node has NVLS), the ring's."""
+    found = ["scale_out.nic_gbps"] if one.placement.nodes > 1 else []
+    if network.node.nvls:
+        gpus = min(math.ceil(one.placement.ppn), len(network.node.nvls_bus_gbps))
+        found.append(f"node.nvls_bus_gbps[{gpus - 1}]")
+    return found + ["node.bus_gbps"]
 
 
-def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[tuple[NcclTestsRun, Placement]]
-                   ) -> NetworkFile:
+def _candidates(network: NetworkFile, one: PlacedRun) -> list[str]:
+    """The bandwidths a run's largest size may measure, the one it measures where none bounds it
+    first: across nodes the NICs', or NVLS's where it holds NVLS-Tree (not the ring's: a ring
+    across nodes measures the NICs, which a slower run must be put down to); in a node the ring's,
+    or NVLS's."""
+    found = _bandwidths(network, one)
+    return found[:-1] if one.placement.nodes > 1 else [found[-1], *found[:-1]]
+
+
+def _binding(network: NetworkFile, one: PlacedRun, parameters: Sequence[str]) -> str | None:
+    """The first of `parameters` whose 1% either way moves the run's largest size's time."""
+    size = one.run.largest.size
+    for parameter in parameters:
+        time, value = _timer(network, parameter, one, size), _get(network, parameter)
+        if time(value * 0.99) > time(value) > time(value * 1.01):
+            return parameter
+    return None
+
+
+def _parameter(network: NetworkFile, one: PlacedRun) -> str:
+    """Which number a run's largest size measures: the bandwidth that bounds it."""
+    if one.placement.nodes > 1 and network.scale_out is None:
+        raise FlintError(f"{one.run.path} ran on {one.placement.nodes} nodes and network {network.name} has one: "
+                         "start from a network with a [scale_out]")
+    candidates = _candidates(network, one)
+    return _binding(network, one, candidates) or candidates[0]
+
+
+def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[PlacedRun]) -> NetworkFile:
     """`parameter` set to the mean over `runs` of the value at which each largest size takes its
     measured time (bisection: the time falls as the bandwidth grows)."""
     values = []
-    for run, placement in runs:
-        largest = run.largest
-        time = _timer(network, parameter, run.comm_type, largest.size, placement)
+    for one in runs:
+        largest = one.run.largest
+        time = _timer(network, parameter, one, largest.size)
         low, high = 1e-3, 1e5
         for _ in range(100):
             middle = math.sqrt(low * high)
@@ -271,14 +331,12 @@ def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[tuple[Nc
     return _set(network, parameter, sum(values) / len(values))
 
 
-def _timer(network: NetworkFile, parameter: str, comm_type: int, size: int, placement: Placement
-           ) -> Callable[[float], float]:
-    return lambda value: modelled(_set(network, parameter, value), comm_type, size, placement).micros
+def _timer(network: NetworkFile, parameter: str, one: PlacedRun, size: int) -> Callable[[float], float]:
+    return lambda value: one.choice(_set(network, parameter, value), size).micros
 
 
-def _misfit(network: NetworkFile, runs: Sequence[tuple[NcclTestsRun, Placement]]) -> float:
-    return sum(math.log(modelled(network, run.comm_type, row.size, placement).micros / row.micros) ** 2
-               for run, placement in runs for row in run.rows)
+def _misfit(network: NetworkFile, runs: Sequence[PlacedRun]) -> float:
+    return sum(math.log(one.choice(network, row.size).micros / row.micros) ** 2 for one in runs for row in one.run.rows)
 
 
 def _get(network: NetworkFile, parameter: str) -> float:
