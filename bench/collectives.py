@@ -28,7 +28,10 @@
    one line per size, then each run's worst and median ratio by size band and its largest size's
    bus bandwidth; then, where two or more published runs share a placement (those of 1. and 3.
    among them), the range they span at each size and where Flint falls in it.
-5. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
+5. Runs of one cluster at two sizes (`transfer.toml`): `flint calibrate --network` fitted to the
+   smaller, the larger beside the network before and after the fit: how far a fit on a small
+   allocation carries to more nodes (worst and median ratio by size band).
+6. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
    headers or `--ranks` / `--nodes`.
 
 Every figure is computed in this run by Flint's model of NCCL (flint.step.nccl), as `flint
@@ -43,7 +46,7 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from flint.analysis.calibrate_network import modelled, placement_of
+from flint.analysis.calibrate_network import calibrate_network, modelled, placement_of
 from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, read_nccl_tests
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import NcclModel, Placement
@@ -225,6 +228,30 @@ def published_ranges(runs: list[tuple[dict, NcclTestsRun]]) -> None:
           f"furthest {min(outside, key=lambda r: -abs(r - 1)):.2f}")
 
 
+def transfers(folder: Path) -> None:
+    """A fit on one run of a cluster, checked on a larger run of it (`transfer.toml`): the larger
+    run's worst and median ratio by size band, before and after the fit."""
+    print("\nCalibrated on a smaller run of a cluster, checked on a larger one (bench/measured/nccl/transfer.toml):"
+          " Flint / NCCL time")
+    print(f"{'fitted to':<52} {'checked on':<52} {'band':>12} {'before':>11} {'after':>11}")
+    for pair in tomllib.loads((folder / "transfer.toml").read_text())["pair"]:
+        base = BUILTIN_NETWORKS[pair["network"]]
+        small, large = ((read_nccl_tests(folder / part["file"]), part["ranks"], part["nodes"])
+                        for part in (pair["fit"], pair["check"]))
+        fit = calibrate_network([small[0]], base, f"{base.name}-calibrated", small[1], small[2])
+        run, placement = large[0], placement_of(*large)
+        for (low, high, _), label in zip(BANDS[::-1], ("8 B-8 MB", "16 MB-16 GB")):
+            rows = [row for row in run.rows if low <= row.size <= high]
+            if not rows:
+                continue
+            cells = []
+            for network in (base, fit.network):
+                ratios = [modelled(network, run.comm_type, row.size, placement).micros / row.micros for row in rows]
+                cells.append(f"{max(ratios, key=lambda r: abs(r - 1)):.2f}, {statistics.median(ratios):.2f}")
+            print(f"{small[0].path.name:<52} {run.path.name:<52} {label:>12} {cells[0]:>11} {cells[1]:>11}")
+        print(f"  fitted: {', '.join(f'{key} {value:g}' for key, value in fit.fitted.items())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="nccl-tests output files to set beside the model.")
@@ -238,6 +265,7 @@ def main() -> None:
     folder = ROOT / "bench" / "measured" / "nccl"
     fitted = fitted_runs(folder)
     held_out(folder, [({"network": "hgx", "ranks": 8, "nodes": 1}, sample), *fitted])
+    transfers(folder)
     network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
     for path in args.files:
         run_beside(read_nccl_tests(path), network, args.ranks, args.nodes)
