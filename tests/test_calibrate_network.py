@@ -395,6 +395,7 @@ def test_a_run_slower_than_the_network_can_be_names_the_network(tmp_path):
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert (f"NCCL's model takes at most {ring:,.1f} at any node.nvls_bus_gbps[7], running Ring Simple on network "
             "hgx's other numbers: the run is slower than hgx can be: give the --network of the machine") in run.stderr
+    assert "(or, where NCCL_ALGO or NCCL_PROTO held it, --algorithm or --protocol)" in run.stderr
     assert not (tmp_path / "f.toml").exists()
 
 

@@ -262,9 +262,10 @@ def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[PlacedR
             said = (f"{one.run.path}: its largest size ({largest.size:,} bytes) took {largest.micros:,.1f} µs, and "
                     f"NCCL's model takes {'at most ' * slower}{closest.micros:,.1f} at any {parameter}")
             if slower:
+                held = "" if one.forced() else " (or, where NCCL_ALGO or NCCL_PROTO held it, --algorithm or --protocol)"
                 raise FlintError(f"{said}, running {closest.algorithm} {closest.protocol} on network {network.name}'s "
                                  f"other numbers: the run is slower than {network.name} can be: give the --network "
-                                 "of the machine it ran on")
+                                 f"of the machine it ran on{held}")
             other = _binding(fitted, one, [p for p in _bandwidths(fitted, one) if p != parameter])
             if other is not None:
                 raise FlintError(f"{said}, where {other} ({_get(fitted, other):g}) bounds {closest.algorithm} "
