@@ -1033,7 +1033,8 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     the one that bounds what NCCL runs there (NVLS's or the ring's in a node; across nodes the
     NICs', or the node's where NVLS bounds NVLS-Tree; a run whose largest size does not show one
     is refused) and, to the smaller sizes, NVLS's latency or a node's Simple ring step and LL128
-    share (one the sizes leave open, as a latency measured at one size, keeps the file's own);
+    share from one-node runs, the network's latency from runs across nodes (one the sizes leave
+    open, as a latency measured at one size, keeps the file's own);
     prints each size measured beside NCCL's model before and after; and writes the network file
     (use it as --network). Runs made with NCCL_ALGO or NCCL_PROTO set need --algorithm or
     --protocol: their output does not say so. To measure the NICs between two nodes, NCCL's

@@ -14,15 +14,19 @@ or protocol (`algorithm`, `protocol`): nccl-tests' output does not record them, 
 choice would time another algorithm than ran.
 
 Then the numbers that shape the smaller sizes, each the value that minimises the sum of squared
-log ratios of modelled to measured time over the runs' sizes (a coarse grid, then a fine one
-around its best), in turns with the bandwidth until they hold:
+log ratios of modelled to measured time over its runs' sizes (a coarse grid, then a fine one
+around its best), in turns with the bandwidths until they hold:
 
-- where the bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
-- where it is the ring's on one node, one step of a Simple ring (0 to 100 µs, to 0.05 µs; NCCL's
-  tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches (0.05 to 1, to
-  0.01; NCCL's 0.92).
+- to one-node runs whose bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
+- to one-node runs whose bandwidth is the ring's, one step of a Simple ring (0 to 100 µs, to
+  0.05 µs; NCCL's tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches
+  (0.05 to 1, to 0.01; NCCL's 0.92);
+- to every run across nodes together, the network's latency (`scale_out.latency_us`, 0 to 100 µs,
+  to 0.05 µs; NCCL's own for InfiniBand is 0), which each step between nodes adds (twice for
+  Simple). A run across nodes leaves the node's latencies as they are: one node's run measures
+  them, and a latency fitted to steps between nodes would move every one-node time.
 
-A number the sizes leave loose (a step either way, the bandwidth refitted, fits them as well:
+A number the sizes leave loose (a step either way, the bandwidths refitted, fits them as well:
 LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the
 file's own value where that fits as well, and is not reported as fitted. A run whose largest size
 does not depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one
@@ -68,10 +72,12 @@ class Shape:
 NVLS_LATENCY = Shape("node.nvls_latency_us", 0.0, 2000.0, 5.0, 0.5)
 RING_SIMPLE_HOP = Shape("node.ring_simple_hop_us", 0.0, 100.0, 0.5, 0.05)
 LL128_FRACTION = Shape("node.ll128_bus_fraction", 0.05, 1.0, 0.05, 0.01, bounded=False)
+NETWORK_LATENCY = Shape("scale_out.latency_us", 0.0, 100.0, 0.5, 0.05)
 SHAPES = {"node.bus_gbps": (RING_SIMPLE_HOP, LL128_FRACTION)}
-"""What else each bandwidth's runs fit (NVLS's bandwidths: NVLS_LATENCY)."""
+"""What else each bandwidth's one-node runs fit (NVLS's bandwidths: NVLS_LATENCY). Runs across
+nodes fit the network's latency (NETWORK_LATENCY), all of them together."""
 ROUNDS = 20
-"""At most this many turns of fitting those numbers and then the bandwidth."""
+"""At most this many turns of fitting those numbers and then the bandwidths."""
 SAME_MISFIT = 1e-12
 """Misfits (sums of squared log ratios) closer than this fit alike: the bandwidth's bisection
 leaves rounding of this order."""
@@ -185,37 +191,49 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     by_parameter: dict[str, list[PlacedRun]] = defaultdict(list)
     for one in placed:
         by_parameter[_parameter(base, one)].append(one)
-    network, fitted, at_limit = base, {}, []
-    for parameter, measured in sorted(by_parameter.items(), key=lambda item: item[0].startswith("scale_out")):
-        network = _fit_bandwidth(network, parameter, measured)
-        shapes = (NVLS_LATENCY,) if parameter.startswith("node.nvls_bus_gbps") else SHAPES.get(parameter, ())
-        values: dict[str, float] = {}
-        for _ in range(ROUNDS):  # each fit moves the others: take turns until they hold
-            previous = dict(values)
-            for shape in shapes:
-                values[shape.key] = _fit_shape(network, shape, measured)
-                network = _set(network, shape.key, values[shape.key])
+    groups = sorted(by_parameter.items(), key=lambda item: item[0].startswith("scale_out"))
+
+    def refit(network: NetworkFile) -> NetworkFile:
+        for parameter, measured in groups:
             network = _fit_bandwidth(network, parameter, measured)
-            if values == previous:
-                break
+        return network
+
+    # (shape, the runs it is fitted to, what refits the bandwidths it moves)
+    fits: list[tuple[Shape, list[PlacedRun], Callable[[NetworkFile], NetworkFile]]] = []
+    for parameter, measured in groups:
+        one_node = [one for one in measured if one.placement.nodes == 1]
+        shapes = (NVLS_LATENCY,) if parameter.startswith("node.nvls_bus_gbps") else SHAPES.get(parameter, ())
+        fits += [(shape, one_node, lambda n, p=parameter, m=measured: _fit_bandwidth(n, p, m))
+                 for shape in shapes if one_node]
+    across = [one for one in placed if one.placement.nodes > 1]
+    if across:
+        fits.append((NETWORK_LATENCY, across, refit))
+    network, values = refit(base), {}
+    for parameter, measured in groups:  # on the file's own latencies first: what no bandwidth reaches
         _check_measured(network, parameter, measured)
-        for shape in shapes:
-            if _unsettled(network, parameter, shape, measured):
-                kept = _fit_bandwidth(_set(network, shape.key, _get(base, shape.key)), parameter, measured)
-                if _misfit(kept, measured) <= _misfit(network, measured) + SAME_MISFIT:
-                    network = kept
-                    del values[shape.key]
-        for shape in shapes:
-            if shape.key in values:
-                fitted[shape.key] = values[shape.key]
-                if shape.bounded and values[shape.key] == shape.high:
-                    at_limit.append(shape.key)
-        fitted[parameter] = _get(network, parameter)
+    for _ in range(ROUNDS):  # each fit moves the others: take turns until they hold
+        previous = dict(values)
+        for shape, measured, moved in fits:
+            values[shape.key] = _fit_shape(network, shape, measured)
+            network = moved(_set(network, shape.key, values[shape.key]))
+        if values == previous:
+            break
+    for parameter, measured in groups:
+        _check_measured(network, parameter, measured)
+    for shape, measured, moved in fits:
+        if _unsettled(network, moved, shape, measured):
+            kept = moved(_set(network, shape.key, _get(base, shape.key)))
+            if _misfit(kept, measured) <= _misfit(network, measured) + SAME_MISFIT:
+                network = refit(kept)
+                del values[shape.key]
+    at_limit = tuple(shape.key for shape, _, _ in fits
+                     if shape.key in values and shape.bounded and values[shape.key] == shape.high)
+    fitted = {**values, **{parameter: _get(network, parameter) for parameter, _ in groups}}
     network = replace(network, name=name)
-    fits = tuple(RunFit(one.run, one.placement, tuple(
+    runs_fit = tuple(RunFit(one.run, one.placement, tuple(
         Row(row.size, row.micros, one.choice(base, row.size).micros, one.choice(network, row.size))
         for row in one.run.rows), one.forced()) for one in placed)
-    return NetworkFit(network, fits, fitted, tuple(at_limit))
+    return NetworkFit(network, runs_fit, fitted, at_limit)
 
 
 def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[PlacedRun]) -> float:
@@ -231,14 +249,15 @@ def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[PlacedRun]) ->
     return min((v for v in candidates if shape.low <= v <= shape.high), key=misfit)
 
 
-def _unsettled(network: NetworkFile, parameter: str, shape: Shape, runs: Sequence[PlacedRun]) -> bool:
+def _unsettled(network: NetworkFile, moved: Callable[[NetworkFile], NetworkFile], shape: Shape,
+               runs: Sequence[PlacedRun]) -> bool:
     """Whether the sizes leave `network`'s value of `shape` loose: a fine step to either side
-    (within the range), the bandwidth `parameter` refitted, fits them as well. So they bound the
-    number at most, as LL128's share where LL128 loses at every size, or a latency measured at one
-    size, where any latency fits with its own bandwidth."""
+    (within the range), the bandwidths it moves refitted (`moved`), fits them as well. So they
+    bound the number at most, as LL128's share where LL128 loses at every size, or a latency
+    measured at one size, where any latency fits with its own bandwidth."""
     value, misfit = _get(network, shape.key), _misfit(network, runs)
     steps = (round(value + step, 6) for step in (-shape.fine, shape.fine))
-    return any(abs(_misfit(_fit_bandwidth(_set(network, shape.key, v), parameter, runs), runs) - misfit) <= SAME_MISFIT
+    return any(abs(_misfit(moved(_set(network, shape.key, v)), runs) - misfit) <= SAME_MISFIT
                for v in steps if shape.low <= v <= shape.high)
 
 
