@@ -1,17 +1,17 @@
 """`flint calibrate --network`: fit a network file to measured collectives (nccl-tests output).
 
 Each run's largest size says which of the network's numbers it measures: the bandwidth that bounds
-what NCCL's model runs there (`flint.step.nccl`), the one whose 1% either way moves its time.
-Across nodes that is the NICs', unless NVLS holds NVLS-Tree inside each node (NCCL's default
-across two H100 nodes, whose NICs count twice there): fitting the NICs to such a run would give
-them whatever slows NVLS, far below what they carry. A ring across nodes measures the NICs even
-where the node's ring bandwidth is as low (as on hgx): a slower run is put down to them. In a
-node it is NVLS's bus bandwidth for that many GPUs, or the ring's. That number is set so that the largest size takes
-its measured time (runs that measure one number share it: their mean). The node's numbers are
-fitted before the NICs', so that a one-node run given beside runs across nodes sets the node the
-NICs are fitted on. Runs made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm
-or protocol (`algorithm`, `protocol`): nccl-tests' output does not record them, and NCCL's
-choice would time another algorithm than ran.
+what NCCL's model runs there (`flint.step.nccl`), the one whose 1% either way moves its time. Across
+nodes that is the NICs', unless NVLS holds NVLS-Tree inside each node (NCCL's default across two
+H100 nodes, whose NICs count twice there): fitting the NICs to such a run would give them whatever
+slows NVLS, far below what they carry. A ring across nodes measures the NICs even where the node's
+ring bandwidth is as low (as on hgx): a slower run is put down to them. In a node it is NVLS's bus
+bandwidth for that many GPUs, or the ring's. That number is set so that the largest size takes its
+measured time (runs that measure one number share it: their mean). The node's numbers are fitted
+before the NICs', so that a one-node run given beside runs across nodes sets the node the NICs are
+fitted on. Runs made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm or protocol
+(`algorithm`, `protocol`): nccl-tests' output does not record them, and NCCL's choice would time
+another algorithm than ran.
 
 Then the numbers that shape the smaller sizes, each the value that minimises the sum of squared
 log ratios of modelled to measured time over its runs' sizes (a coarse grid, then a fine one
@@ -27,14 +27,13 @@ around its best), in turns with the bandwidths until they hold:
   them, and a latency fitted to steps between nodes would move every one-node time.
 
 A number the sizes leave loose (a step either way, the bandwidths refitted, fits them as well:
-LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the
-file's own value where that fits as well, and is not reported as fitted. A run whose largest size
-does not depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one
-whose largest size took less than the model's latency, or longer than the model takes at any
-bandwidth (another algorithm, on the network's other numbers, outruns it: not the machine's
-network) or less than another of its bandwidths allows (a ring across nodes faster than their
-NICs carry), and one on more ranks than the network's nodes hold or on ranks that do not divide over
-its nodes.
+LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the file's
+own value where that fits as well, and is not reported as fitted. A run whose largest size does not
+depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one whose
+largest size took less than the model's latency, or longer than the model takes at any bandwidth
+(another algorithm, on the network's other numbers, outruns it: not the machine's network) or less
+than another of its bandwidths allows (a ring across nodes faster than the node's ring), and one on
+more ranks than the network's nodes hold or on ranks that do not divide over its nodes.
 
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
@@ -55,6 +54,7 @@ from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import Choice, NcclModel, Placement
 from flint.step.network import Dimension, Network
 from flint.step.network_files import NetworkFile
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -266,7 +266,7 @@ def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[PlacedR
     it does not measure the number (an LL ring at its cap, below the bus bandwidth), and any
     value past a bound would fit it. And some value must give it its measured time: a time below
     the model's latency is reached by none (the bisection ends at its bound), nor one below what
-    another of the network's bandwidths allows (a ring across nodes faster than its NICs carry);
+    another of the network's bandwidths allows (a ring across nodes faster than the node's ring);
     nor is a time above what the model takes at the least value, where another algorithm or
     protocol, which does not depend on `parameter`, runs faster on the network's other numbers: the
     network is not the machine's (an A100 node measured on hgx, whose ring outruns it), and a larger
