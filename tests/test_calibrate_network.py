@@ -299,6 +299,18 @@ def test_a_ring_across_nodes_faster_than_the_nodes_ring_names_it(tmp_path):
                    "node.bus_gbps (370.8) bounds Ring Simple: the run is faster than hgx can be")
 
 
+@pytest.mark.parametrize("forced", [["--algorithm", "Tree"], ["--algorithm", "nvls", "--protocol", "LL"]])
+def test_an_algorithm_nccl_does_not_have_there_is_refused_naming_the_run(tmp_path, forced):
+    """NCCL runs no Tree within one node, and NVLS only with Simple (tuning.cc): a run said to be
+    held to either was not; before, the refusal named no file and asked to choose another."""
+    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    run = flint("calibrate", "--network", "hgx", measured, *forced, "-o", tmp_path / "f.toml")
+    said = " ".join(forced[1::2]).replace("nvls", "NVLS")
+    assert_refused(run, tmp_path / "f.toml", f"all_reduce_perf.txt: NCCL has no {said} for all_reduce on 8 ranks on "
+                   "1 node of network hgx: give the --algorithm and --protocol the run was held to")
+
+
 GOOD_ROW = "   8388608   2097152  float  sum  -1  151.6  55.35  103.78  0  150.5  55.74  104.51  0\n"
 
 

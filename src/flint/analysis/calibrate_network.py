@@ -180,6 +180,21 @@ def check_placement(run: NcclTestsRun, placement: Placement, network: NetworkFil
                          f"{network.name}'s nodes hold {gpus} GPUs: {todo}")
 
 
+def _check_forced(one: PlacedRun, network: NetworkFile) -> None:
+    """Refuse an algorithm or protocol NCCL does not have for the run on this network (NVLS on
+    A100s, a Tree in one node), naming the run."""
+    if not one.forced():
+        return
+    try:
+        one.choice(network, one.run.largest.size)
+    except FlintError:
+        forced = " ".join(filter(None, (one.algorithm, one.protocol)))
+        nodes = one.placement.nodes
+        raise FlintError(f"{one.run.path}: NCCL has no {forced} for {one.run.collective} on {one.placement.ranks} "
+                         f"ranks on {nodes} node{'s' * (nodes > 1)} of network {network.name}: give the --algorithm "
+                         "and --protocol the run was held to (NCCL_ALGO, NCCL_PROTO)") from None
+
+
 def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str, ranks: int | None = None,
                       nodes: int | None = None, algorithm: str | None = None,
                       protocol: str | None = None) -> NetworkFit:
@@ -188,6 +203,7 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     placed = [PlacedRun(run, placement_of(run, ranks, nodes), algorithm, protocol) for run in runs]
     for one in placed:
         check_placement(one.run, one.placement, base)
+        _check_forced(one, base)
     by_parameter: dict[str, list[PlacedRun]] = defaultdict(list)
     for one in placed:
         by_parameter[_parameter(base, one)].append(one)
