@@ -1034,15 +1034,14 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     NICs', or the node's where NVLS bounds NVLS-Tree; a run whose largest size does not show one
     is refused) and, to the smaller sizes, NVLS's latency or a node's Simple ring step and LL128
     share from one-node runs, the network's latency from runs across nodes (one the sizes leave
-    open, as a latency measured at one size, keeps the file's own);
-    prints each size measured beside NCCL's model before and after; and writes the network file
-    (use it as --network). Runs made with NCCL_ALGO or NCCL_PROTO set need --algorithm or
-    --protocol: their output does not say so. To measure the NICs between two nodes, NCCL's
-    maintainers run a ring (NCCL_ALGO=Ring).
+    open, as a latency measured at one size, keeps the file's own); prints each size measured
+    beside NCCL's model before and after; and writes the network file (use it as --network). Runs
+    made with NCCL_ALGO or NCCL_PROTO set need --algorithm or --protocol: their output does not
+    say so. To measure the NICs between two nodes, NCCL's maintainers run a ring (NCCL_ALGO=Ring).
 
     \b
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
-      flint calibrate --network hgx ring_all_reduce_perf.txt --ranks 16 --nodes 2 --algorithm Ring -o my-hgx.toml
+      flint calibrate --network hgx ring_all_reduce_perf.txt --algorithm Ring -o my-hgx.toml
     """
     # each fit's own options, which the other would ignore without a word
     for option, value in ({"--rank": rank, "--device": device_spec} if network else
