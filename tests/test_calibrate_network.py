@@ -232,7 +232,6 @@ def test_ranks_the_networks_nodes_cannot_hold_are_refused(tmp_path):
                  "-o", tmp_path / "f.toml").returncode == 0
 
 
-
 TWO_NODES = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} device  {r % 8} [0x1b] NVIDIA H100\n"
                     for r in range(16))
 
