@@ -249,7 +249,8 @@ def transfers(folder: Path) -> None:
                 ratios = [modelled(network, run.comm_type, row.size, placement).micros / row.micros for row in rows]
                 cells.append(f"{max(ratios, key=lambda r: abs(r - 1)):.2f}, {statistics.median(ratios):.2f}")
             print(f"{small[0].path.name:<52} {run.path.name:<52} {label:>12} {cells[0]:>11} {cells[1]:>11}")
-        print(f"  fitted: {', '.join(f'{key} {value:g}' for key, value in fit.fitted.items())}")
+        ends = {key: " (the end of the range tried)" for key in fit.at_limit}
+        print(f"  fitted: {', '.join(f'{key} {value:g}{ends.get(key, str())}' for key, value in fit.fitted.items())}")
 
 
 def main() -> None:
