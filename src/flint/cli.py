@@ -966,8 +966,8 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorith
         raise FlintError(f"unknown --network {network!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
     runs = [read_nccl_tests(path) for path in paths]
     fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes, algorithm, protocol)
-    forced = "".join(f", {variable}={value}" for variable, value in fit.runs[0].forced.items())
-    source = f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} (in-place times{forced})"
+    source = (f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} "
+              f"(in-place times{fit.runs[0].held_to})")
     fitted = fit.network.with_sources(**{key: source for key in fit.fitted})
     try:  # encoded before the file is opened: a name that is not UTF-8 leaves no file behind
         text = network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network").encode()

@@ -119,6 +119,11 @@ class RunFit:
     forced: dict[str, str] = field(default_factory=dict)
     """What the run held NCCL to: NCCL_ALGO, NCCL_PROTO -> value."""
 
+    @property
+    def held_to(self) -> str:
+        """`forced` as the fit's table title and the fitted numbers' source say it: ', NCCL_ALGO=Ring'."""
+        return "".join(f", {variable}={value}" for variable, value in self.forced.items())
+
 
 @dataclass(frozen=True)
 class NetworkFit:

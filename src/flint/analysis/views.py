@@ -177,9 +177,8 @@ def network_calibration_view(fit) -> Group:
     """Each nccl-tests run beside NCCL's model of it, before and after the fit, size by size."""
     tables = []
     for run in fit.runs:
-        forced = "".join(f", {variable}={value}" for variable, value in run.forced.items())
         table = _table(f"{run.run.path.name}: {run.run.collective}, {run.placement.ranks} ranks on "
-                       f"{run.placement.nodes} node{'s' if run.placement.nodes > 1 else ''}, in place{forced}",
+                       f"{run.placement.nodes} node{'s' if run.placement.nodes > 1 else ''}, in place{run.held_to}",
                        ("bytes", "measured µs", "before µs", "after µs", "ratio", "NCCL runs"))
         for row in run.rows:
             table.add_row(f"{row.size:,}", f"{row.measured:,.1f}", f"{row.before:,.1f}", f"{row.after.micros:,.1f}",
