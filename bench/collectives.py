@@ -97,6 +97,12 @@ def h100_all_reduce(folder: Path) -> NcclTestsRun:
     return run
 
 
+def worst_and_median(ratios: list[float]) -> str:
+    """A band's ratios as the held-out and transfer tables print them: the one furthest from 1, and
+    the median."""
+    return f"{max(ratios, key=lambda r: abs(r - 1)):.2f}, {statistics.median(ratios):.2f}"
+
+
 def bus_factor(comm_type: int, n: int) -> float:
     """nccl-tests' bus bandwidth over its algorithm bandwidth for a collective over `n` ranks."""
     if comm_type == pb.ALL_REDUCE:
@@ -185,7 +191,7 @@ def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
     print(f"{'run':<56} {'8 B-8 MB worst, median':>24} {'16 MB-16 GB worst, median':>27} "
           f"{'largest: NCCL, Flint bus GB/s':>31}")
     for name, bands, size, measured, flint in summary:
-        cells = [f"{max(b, key=lambda r: abs(r - 1)):.2f}, {statistics.median(b):.2f}" if b else "-" for b in bands]
+        cells = [worst_and_median(b) if b else "-" for b in bands]
         largest_bus = f"{measured:.0f}, {flint:.0f} at {size / 2**30:g} GiB"
         print(f"{name:<56} {cells[0]:>24} {cells[1]:>27} {largest_bus:>31}")
     published_ranges(runs + fitted)
@@ -244,10 +250,8 @@ def transfers(folder: Path) -> None:
             rows = [row for row in run.rows if low <= row.size <= high]
             if not rows:
                 continue
-            cells = []
-            for network in (base, fit.network):
-                ratios = [modelled(network, run.comm_type, row.size, placement).micros / row.micros for row in rows]
-                cells.append(f"{max(ratios, key=lambda r: abs(r - 1)):.2f}, {statistics.median(ratios):.2f}")
+            cells = [worst_and_median([modelled(network, run.comm_type, row.size, placement).micros / row.micros
+                                       for row in rows]) for network in (base, fit.network)]
             print(f"{small[0].path.name:<52} {run.path.name:<52} {label:>12} {cells[0]:>11} {cells[1]:>11}")
         ends = {key: " (the end of the range tried)" for key in fit.at_limit}
         print(f"  fitted: {', '.join(f'{key} {value:g}{ends.get(key, str())}' for key, value in fit.fitted.items())}")
