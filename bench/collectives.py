@@ -51,7 +51,7 @@ from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, re
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import NcclModel, Placement
 from flint.step.network import network_for
-from flint.step.network_files import BUILTIN_NETWORKS, load_network_file
+from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 10**9
@@ -140,7 +140,7 @@ def published(network_name: str = "hgx") -> None:
         line(f"{gpus}x H100 all-reduce 16 GB, {choice.algorithm} (NCCL #1455)", measured,
              bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, gpus))
     a100 = BUILTIN_NETWORKS["hgx-a100"]
-    four_nics = replace(a100, name="hgx-a100, 4 NICs", scale_out=replace(a100.scale_out, nics=4))
+    four_nics = replace(a100, name="hgx-a100, 4 NICs", scale_out=replace(a100.scale_out, nics=4, channels=4))
     choice = modelled(four_nics, pb.ALL_REDUCE, 128 * 2**20, Placement(24, 3))
     line(f"3 nodes x 8 A100, 4 HDR NICs each, all-reduce 128 MB, {choice.algorithm} (#119)", 96,
          bus_bandwidth(pb.ALL_REDUCE, 128 * 2**20, choice.micros, 24), 0.15)
@@ -167,6 +167,15 @@ def fitted_runs(folder: Path) -> list[tuple[dict, NcclTestsRun]]:
     return runs
 
 
+def held_network(entry: dict) -> NetworkFile:
+    """A held-out run's network: its built-in file, with the channels between nodes the run set
+    (`channels`, where NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
+    network = BUILTIN_NETWORKS[entry["network"]]
+    if "channels" not in entry:
+        return network
+    return replace(network, scale_out=replace(network.scale_out, channels=entry["channels"]))
+
+
 def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
     """Published measurements of other machines (`held_out.toml`'s nccl-tests outputs, then
     `bus_bandwidths.toml`'s tables): each one's lines, then per run the worst and median ratio by
@@ -178,7 +187,7 @@ def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
     runs += [(entry, curve_run(entry)) for entry in curves]
     summary = []
     for entry, run in runs:
-        network = BUILTIN_NETWORKS[entry["network"]]
+        network = held_network(entry)
         ratios = run_beside(run, network, entry["ranks"], entry["nodes"], entry.get("algorithm"), entry.get("protocol"))
         rows = run.rows
         bands = [[r for row, r in zip(rows, ratios) if low <= row.size <= high] for low, high, _ in BANDS[::-1]]

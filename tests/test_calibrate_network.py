@@ -256,6 +256,24 @@ def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
     assert (network.scale_out.nic_gbps, network.node.nvls_latency_us) == (47.0, 81.5)
 
 
+def test_a_run_faster_than_nccls_per_channel_cap_fits_the_channels_between_nodes(tmp_path):
+    """The same two nodes at 470 GB/s: above NCCL's cap for hgx's 8 channels between nodes (8 x
+    57.7 = 461.6, tuning.cc's NVLS-Tree per channel on 2 nodes), below NVLS (480) and the NICs (2 x
+    8 x 47): no number of the machine reaches it, so the fit gives the channels 470 / 57.7 = 8.146
+    (the machine's channels outrun NCCL's caps) and leaves NVLS and the NICs; the written file
+    reads back with it."""
+    times = {size: 81.5 + 2 * 20.9 + size / (470 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"] == {"scale_out.channels": pytest.approx(470 / 57.7, rel=0.005),
+                             "scale_out.latency_us": pytest.approx(0, abs=0.05)}
+    network = load_network_file(tmp_path / "f.toml")
+    assert network.scale_out.channels == pytest.approx(470 / 57.7, rel=0.005)
+    assert (network.scale_out.nic_gbps, network.node.nvls_bus_gbps[7]) == (47.0, 480.0)
+
+
 def ring_across_two_nodes(bus_gbps: float, network_us: float = 0.0) -> dict[int, float]:
     """A Simple ring over two hgx nodes of 8 at `bus_gbps`: NCCL's latency 8.4 + 28 x 3.4 (its steps
     within a node, NVLink's hop above 3 x the Intel host's 1 µs network overhead) + 2 x (14 + 2 x

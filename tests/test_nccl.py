@@ -5,7 +5,8 @@ LL/LL128/Simple 6.6 / 14.0 / 8.4 µs, Tree 6.8 / 14.0 / 8.4; NVLink hops Ring 0.
 0.6 / 1.25 / 4.0; network hops Tree 5.0 / 8.5 / 14, NVLS-Tree 20.9, CollNet Direct 31; LL at most
 141 GB/s on one node, 39 GB/s on two (Intel); per channel: Ring LL128 36.7, Tree 41.4 (2 nodes),
 NVLS-Tree 57.7 (2 nodes). The hgx network: 8 GPUs per node, ring bus bandwidth 370.8 GB/s, 16
-channels, NVLS 480 GB/s at 8 GPUs and 81.5 µs, eight 47 GB/s NICs per node, no network latency.
+channels, NVLS 480 GB/s at 8 GPUs and 81.5 µs, eight 47 GB/s NICs per node and 8 channels between
+nodes (one per NIC), no network latency.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import SEND_RECV, NcclModel, Placement
 from flint.step.network import network_for
+from flint.step.network_files import load_network_file
 
 MIB, GIB = 2**20, 2**30
 NODE = NcclModel(network_for("hgx", [("tensor", 8)]))
@@ -74,7 +76,8 @@ def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
 def test_across_two_nodes_small_all_reduces_take_the_tree():
     """16 ranks on 2 nodes, 8 B: Tree LL, 6.8 + 2 (7 x 0.6 + 1 x 5.0) = 25.2 µs, at LL's 39 GB/s
     limit for two nodes, halved; 1 MiB: Tree LL128, 14.0 + 2 (7 x 1.25 + 8.5) = 48.5 µs at
-    min(0.92 x 370.8 x 120 / 128, 16 x 36.7) / 2, x NCCL's tree correction for 2^14 x 64 B (0.6)."""
+    min(0.92 x 370.8 x 120 / 128 = 319.8, 8 x 36.7) / 2, x NCCL's tree correction for 2^14 x 64 B
+    (0.6): NCCL's cap for 8 channels between nodes holds it."""
     shape = TWO_NODES.group_shape(range(16))
     assert shape == Placement(16, 2)
     tiny = TWO_NODES.choose(pb.ALL_REDUCE, 8, shape)
@@ -82,15 +85,15 @@ def test_across_two_nodes_small_all_reduces_take_the_tree():
     assert tiny.micros == pytest.approx(25.2 + 8 / (39.0 / 2 * 1e3))
     mib = TWO_NODES.choose(pb.ALL_REDUCE, MIB, shape)
     assert (mib.algorithm, mib.protocol) == ("Tree", "LL128")
-    assert mib.micros == pytest.approx(48.5 + MIB / (0.92 * 370.8 * 120 / 128 / 2 * 0.6 * 1e3))
+    assert mib.micros == pytest.approx(48.5 + MIB / (8 * 36.7 / 2 * 0.6 * 1e3))
 
 
 def test_tree_simple_across_nodes_and_where_the_tree_correction_ends():
     """Tree Simple on 2 nodes: 8.4 + 2 (7 x 4.0 + 1 x 14) = 92.4 µs (4 nodes: 2 x 14 between
-    them, 120.4), at min(0.92 x 370.8, 16 x 41.4) / 2 GB/s, x NCCL's tree correction: 0.8 at 64 MiB
+    them, 120.4), at min(0.92 x 370.8 = 341.1, 8 x 41.4) / 2 GB/s, x NCCL's tree correction: 0.8 at 64 MiB
     (2^20 x 64 B); none at 512 MiB, past the table's entries for Tree (2^23 x 64 B)."""
     shape = Placement(16, 2)
-    bus = 0.92 * 370.8
+    bus = 8 * 41.4
     for size, correction in ((64 * MIB, 0.8), (512 * MIB, 1.0)):
         tree = candidate(TWO_NODES, pb.ALL_REDUCE, size, shape, "Tree", "Simple")
         assert tree == pytest.approx((92.4, bus / 2 * correction))
@@ -100,16 +103,16 @@ def test_tree_simple_across_nodes_and_where_the_tree_correction_ends():
 
 
 def test_across_two_nodes_large_all_reduces_take_nvls_tree():
-    """1 GiB on 2 nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(480, 2 x 8 x 47, 16 x 57.7)
-    x 16 / 30 GB/s."""
+    """1 GiB on 2 nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(480, 2 x 8 x 47, 8 x 57.7)
+    x 16 / 30 GB/s: NCCL's cap for its 8 channels between nodes, 461.6 GB/s, below NVLS's 480."""
     choice = TWO_NODES.choose(pb.ALL_REDUCE, GIB, Placement(16, 2))
     assert (choice.algorithm, choice.protocol) == ("NVLS-Tree", "Simple")
-    assert choice.micros == pytest.approx(123.3 + GIB / (480 * 16 / 30 * 1e3))
+    assert choice.micros == pytest.approx(123.3 + GIB / (8 * 57.7 * 16 / 30 * 1e3))
 
 
 def test_nvls_tree_on_blackwell_with_x86_hosts_takes_the_tree_correction():
     """hgx-b200 (Intel hosts; Blackwell: NVLS-Tree 96 GB/s per channel on 2 nodes), 16 ranks on 2
-    nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(845.4, 2 x 8 x 47, 16 x 96) x 16 / 30
+    nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(845.4, 2 x 8 x 47, 8 x 96) x 16 / 30
     GB/s, x NCCL's correction of 0.9 for 512 MiB (2^23 x 64 B, the table's last entry); none at
     1 GiB. On Grace hosts (cpu other) and on Hopper, 512 MiB is not corrected."""
     model = NcclModel(network_for("hgx-b200", [("data", 2), ("tensor", 8)]))
@@ -121,7 +124,25 @@ def test_nvls_tree_on_blackwell_with_x86_hosts_takes_the_tree_correction():
     grace = NcclModel(replace(model.network, cluster=replace(model.cluster, cpu="other")))
     assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(123.3 + GIB / 2 / bandwidth)
     hopper = TWO_NODES.choose(pb.ALL_REDUCE, GIB // 2, shape)
-    assert hopper.micros == pytest.approx(123.3 + GIB / 2 / (480 * 16 / 30 * 1e3))
+    assert hopper.micros == pytest.approx(123.3 + GIB / 2 / (8 * 57.7 * 16 / 30 * 1e3))
+
+
+def test_nccls_per_channel_caps_count_its_channels_between_nodes():
+    """NCCL's caps multiply its graph's channels between nodes: one per NIC of the group's GPUs,
+    doubled (at half the speed) for a ring or tree where they are 4 or fewer (ncclTopoDupChannels;
+    47 GB/s NICs), never for NVLS. 4 nodes (Hopper's caps for more than 2 nodes: Tree LL128 29,
+    NVLS-Tree 45.5 GB/s a channel):
+    - all 8 GPUs of each node: Tree LL128 min(0.92 x 370.8 x 120 / 128 = 319.8, 8 x 29) = 232,
+      NVLS-Tree min(480, 8 x 47 = 376, 8 x 45.5) = 364;
+    - 2 GPUs of each: 2 NICs, Tree LL128 min(0.92 x 94 x 120 / 128 = 81.1, 4 x 29 = 116) = 81.1,
+      NVLS-Tree min(370, 94, 2 x 45.5) = 91."""
+    four = NcclModel(network_for("hgx", [("data", 4), ("tensor", 8)]))
+    for ppn, tree, nvls_tree in ((8, 8 * 29, 8 * 45.5), (2, 0.92 * 94 * 120 / 128, 2 * 45.5)):
+        shape = Placement(4 * ppn, 4)
+        steps = 2 * (shape.ranks - 1)
+        _, tree_bw = candidate(four, pb.ALL_REDUCE, GIB, shape, "Tree", "LL128")
+        _, nvls_bw = candidate(four, pb.ALL_REDUCE, GIB, shape, "NVLS-Tree", "Simple")
+        assert (tree_bw, nvls_bw) == pytest.approx((tree / 2, nvls_tree * shape.ranks / steps))
 
 
 def test_a_ring_across_nodes_pays_the_network_per_step_and_the_nics():
@@ -173,6 +194,16 @@ def test_a_node_without_nvlink_runs_no_ll128(tmp_path):
     assert choice.micros == pytest.approx(8.4 + 14 * 5.7 + 4 * MIB / (50 * 8 / 14 * 1e3))
     ll = candidate(model, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "LL")
     assert ll == pytest.approx((6.6 + 14 * 1.0, 25 * 8 / 14))
+
+
+def test_a_network_file_without_channels_between_nodes_has_one_per_nic(tmp_path):
+    """A user's file that does not give `scale_out.channels` gets one channel per NIC, at most the
+    node's channels: 4 NICs, 4 channels; 32, the node's 16."""
+    for nics, channels in ((4, 4), (32, 16)):
+        path = tmp_path / f"{nics}.toml"
+        path.write_text(f'name = "mine"\n[node]\ngpus = 8\nbus_gbps = 370.8\n[scale_out]\nnics = {nics}\n'
+                        "nic_gbps = 47\n")
+        assert load_network_file(path).scale_out.channels == channels
 
 
 def test_collnet_where_the_network_switches_reduce(tmp_path):
@@ -282,7 +313,7 @@ NETWORKS = ROOT / "src" / "flint" / "step" / "networks"
                                   "sources"),
     ("nvls_bus_gbps =", "nvls_bus_gbp =", "unknown [node] key 'nvls_bus_gbp': use gpus, link, bus_gbps, channels, "
                                           "nvls_bus_gbps, "),
-    ("sharp =", "sharpe =", "unknown [scale_out] key 'sharpe': use nics, nic_gbps, latency_us, sharp, "),
+    ("sharp =", "sharpe =", "unknown [scale_out] key 'sharpe': use nics, nic_gbps, channels, latency_us, sharp, "),
 ], ids=["table", "node-key", "scale-out-key"])
 def test_a_network_file_refuses_a_key_it_does_not_know(tmp_path, right, typo, expected):
     """The hgx file with a misspelt table or key, which was dropped (two nodes timed as one, a node

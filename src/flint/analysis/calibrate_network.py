@@ -4,14 +4,17 @@ Each run's largest size says which of the network's numbers it measures: the ban
 what NCCL's model runs there (`flint.step.nccl`), the one whose 1% either way moves its time. Across
 nodes that is the NICs', unless NVLS holds NVLS-Tree inside each node (NCCL's default across two
 H100 nodes, whose NICs count twice there): fitting the NICs to such a run would give them whatever
-slows NVLS, far below what they carry. A ring across nodes measures the NICs even where the node's
-ring bandwidth is as low (as on hgx): a slower run is put down to them. In a node it is NVLS's bus
-bandwidth for that many GPUs, or the ring's. That number is set so that the largest size takes its
-measured time (runs that measure one number share it: their mean). The node's numbers are fitted
-before the NICs', so that a one-node run given beside runs across nodes sets the node the NICs are
-fitted on. Runs made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm or protocol
-(`algorithm`, `protocol`): nccl-tests' output does not record them, and NCCL's choice would time
-another algorithm than ran.
+slows NVLS, far below what they carry. Where NCCL's per-channel cap holds it (NVLS-Tree on two 8x
+H100 nodes: 8 channels of 57.7 GB/s), a run faster than that fits the channels between nodes
+(`scale_out.channels`, a fraction: the machine's channels outrun NCCL's caps), a slower one what
+bounds it past the caps. A ring across nodes measures the NICs even where the node's ring bandwidth
+is as low (as on hgx): a slower run is put down to them. In a node it is NVLS's bus bandwidth for
+that many GPUs, or the ring's. That number is set so that the largest size takes its measured time
+(runs that measure one number share it: their mean). The node's numbers are fitted before the NICs',
+so that a one-node run given beside runs across nodes sets the node the NICs are fitted on. Runs
+made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm or protocol (`algorithm`,
+`protocol`): nccl-tests' output does not record them, and NCCL's choice would time another algorithm
+than ran.
 
 Then the numbers that shape the smaller sizes, each the value that minimises the sum of squared
 log ratios of modelled to measured time over its runs' sizes (a coarse grid, then a fine one
@@ -76,6 +79,11 @@ NETWORK_LATENCY = Shape("scale_out.latency_us", 0.0, 100.0, 0.5, 0.05)
 SHAPES = {"node.bus_gbps": (RING_SIMPLE_HOP, LL128_FRACTION)}
 """What else each bandwidth's one-node runs fit (NVLS's bandwidths: NVLS_LATENCY). Runs across
 nodes fit the network's latency (NETWORK_LATENCY), all of them together."""
+CHANNELS = "scale_out.channels"
+"""NCCL's channels between nodes: a number of the file that NCCL's per-channel caps multiply, fitted
+only to a run faster than they allow."""
+UNCAPPED = 1e6
+"""Channels enough that no per-channel cap binds."""
 ROUNDS = 20
 """At most this many turns of fitting those numbers and then the bandwidths."""
 SAME_MISFIT = 1e-12
@@ -320,20 +328,22 @@ def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[PlacedR
 
 def _bandwidths(network: NetworkFile, one: PlacedRun) -> list[str]:
     """The bandwidths that may bound a run: the NICs' across nodes, NVLS's for its GPUs in a node
-    (where the node has NVLS), the ring's."""
-    found = ["scale_out.nic_gbps"] if one.placement.nodes > 1 else []
+    (where the node has NVLS), NCCL's channels between nodes (its per-channel caps multiply them),
+    the ring's."""
+    across = one.placement.nodes > 1
+    found = ["scale_out.nic_gbps"] if across else []
     if network.node.nvls:
         gpus = min(math.ceil(one.placement.ppn), len(network.node.nvls_bus_gbps))
         found.append(f"node.nvls_bus_gbps[{gpus - 1}]")
-    return found + ["node.bus_gbps"]
+    return found + [CHANNELS] * across + ["node.bus_gbps"]
 
 
 def _candidates(network: NetworkFile, one: PlacedRun) -> list[str]:
-    """The bandwidths a run's largest size may measure, the one it measures where none bounds it
-    first: across nodes the NICs', or NVLS's where it holds NVLS-Tree (not the ring's: a ring
-    across nodes measures the NICs, which a slower run must be put down to); in a node the ring's,
-    or NVLS's."""
-    found = _bandwidths(network, one)
+    """The bandwidths of the machine a run's largest size may measure, the one it measures where
+    none bounds it first: across nodes the NICs', or NVLS's where it holds NVLS-Tree (not the
+    ring's: a ring across nodes measures the NICs, which a slower run must be put down to); in a
+    node the ring's, or NVLS's."""
+    found = [p for p in _bandwidths(network, one) if p != CHANNELS]
     return found[:-1] if one.placement.nodes > 1 else [found[-1], *found[:-1]]
 
 
@@ -353,7 +363,13 @@ def _parameter(network: NetworkFile, one: PlacedRun) -> str:
         raise FlintError(f"{one.run.path} ran on {one.placement.nodes} nodes and network {network.name} has one: "
                          "start from a network with a [scale_out]")
     candidates = _candidates(network, one)
-    return _binding(network, one, candidates) or candidates[0]
+    if one.placement.nodes == 1:
+        return _binding(network, one, candidates) or candidates[0]
+    if (_binding(network, one, [CHANNELS]) is not None
+            and one.choice(network, one.run.largest.size).micros > one.run.largest.micros):
+        return CHANNELS  # faster than NCCL's per-channel caps allow: the machine's channels outrun them
+    uncapped = _set(network, CHANNELS, UNCAPPED)  # slower: put down to what bounds it past the caps
+    return _binding(uncapped, one, candidates) or candidates[0]
 
 
 def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[PlacedRun]) -> NetworkFile:

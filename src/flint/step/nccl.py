@@ -32,7 +32,10 @@ nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
 
 steps = 2(N-1) for an all-reduce, N-1 for an all-gather or reduce-scatter, N for a broadcast:
 so nccl-tests' bus bandwidth of a ring is B. f is NCCL's 0.92, or on one node the network's
-`ll128_bus_fraction` where a fit to measured collectives gives one.
+`ll128_bus_fraction` where a fit to measured collectives gives one. channels: those of NCCL's
+graph, which its caps per channel (by architecture and 1, 2 or more nodes) multiply: in one node
+the node's `channels`; between nodes `scale_out.channels` for a whole node (one per NIC: 8 on 8x
+H100), in proportion for fewer of its GPUs, doubled for a ring or tree where NCCL doubles them.
 
 **Latencies** (base[a][p] + hops; intra = hwLat[nvlink or pci][a][p], or for a Simple ring on
 one node the network's `ring_simple_hop_us` where a fit gives one; inter = hwLat[net][a][p] +
@@ -246,9 +249,24 @@ class NcclModel:
     def _column(self, shape: Placement) -> int:
         return min(shape.nodes, 3) - 1
 
+    def _channels(self, algorithm: str, shape: Placement) -> float:
+        """The channels NCCL's tuner multiplies its per-channel caps by: its graph search's
+        (search.cc). In one node, the node's `channels`. Across nodes, the network file's
+        `scale_out.channels` for a whole node, in proportion for fewer of its GPUs (at least one);
+        then ncclTopoDupChannels doubles a ring or tree graph's channels at half their speed
+        where that speed (the NIC's) is at least 25 GB/s, unless on Hopper and later it is below
+        50 with more than 4 channels: so 8 for a whole 8x H100 node, 4 for 2 of its GPUs. NVLS's
+        graph is not doubled."""
+        node, out = self.cluster.node, self.cluster.scale_out
+        if shape.nodes == 1 or out is None:
+            return node.channels
+        channels = max(1.0, out.channels * shape.ppn / (node.gpus or shape.ppn))
+        kept = out.nic_gbps < 25 or (self.cluster.architecture != "ampere" and out.nic_gbps < 50 and channels > 4)
+        return channels if algorithm == "NVLS-Tree" or kept else 2 * channels
+
     def _bus(self, algorithm: str, protocol: str, shape: Placement) -> float:
         arch = NCCL["architecture"][self.cluster.architecture]
-        column, channels = self._column(shape), self.cluster.node.channels
+        column, channels = self._column(shape), self._channels(algorithm, shape)
         if shape.nodes == 1:
             ll_max = arch["ll_max_gbps"][0]
         else:

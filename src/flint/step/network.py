@@ -231,7 +231,8 @@ def _cluster_of(dimensions: Sequence[Dimension], name: str) -> NetworkFile:
     out = None
     if len(dimensions) > 1:
         second = dimensions[1]
-        out = ScaleOut(first.npus, second.bandwidth_gbps * GIB / 1e9, astra_sim_gbps=second.bandwidth_gbps,
+        out = ScaleOut(first.npus, second.bandwidth_gbps * GIB / 1e9, min(first.npus, node.channels),
+                       astra_sim_gbps=second.bandwidth_gbps,
                        astra_sim_latency_ns=second.latency_ns)
     return NetworkFile(name, "hopper", "other", node, out,
                        (("network", "ASTRA-sim's dimensions: the first a node of NVLink-connected GPUs, the rest "

@@ -11,8 +11,10 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
   hardware latency for the link) and the share of the ring's bus bandwidth LL128 reaches there
   (`ll128_bus_fraction`; absent: NCCL's 0.92), both fitted by `flint calibrate --network` to runs
   on one node and applied to rings of one node;
-- `[scale_out]` (absent: one node): `nics` per node at `nic_gbps` each, a network latency
-  (`latency_us`, NCCL's `latencyInter`), and `sharp` where the scale-out switches reduce (CollNet).
+- `[scale_out]` (absent: one node): `nics` per node at `nic_gbps` each, the `channels` NCCL's graph
+  search finds between nodes for a whole node's GPUs (absent: one per NIC, at most the node's
+  `channels`; NCCL's per-channel caps multiply it), a network latency (`latency_us`, NCCL's
+  `latencyInter`), and `sharp` where the scale-out switches reduce (CollNet).
 
 `architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other: not x86) pick NCCL's
 constants (`networks/nccl.toml`). Each tier also gives the link bandwidth and hop latency
@@ -73,10 +75,12 @@ class NodeTier:
 
 @dataclass(frozen=True)
 class ScaleOut:
-    """The network between nodes: `nics` per node of `nic_gbps` each."""
+    """The network between nodes: `nics` per node of `nic_gbps` each, and NCCL's `channels` between
+    nodes for a whole node (its graph search's, before it doubles a few fast ones)."""
 
     nics: int
     nic_gbps: float
+    channels: float
     latency_us: float = 0.0
     sharp: bool = False
     astra_sim_gbps: float = 50.0
@@ -140,9 +144,11 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             if not isinstance(out, dict):
                 raise TypeError("scale_out is not a table")
             known_keys(out, [f.name for f in fields(ScaleOut)], "scale_out")
+            nics = _count(out, "nics")
             scale_out = ScaleOut(
-                nics=_count(out, "nics"),
+                nics=nics,
                 nic_gbps=number_field(out, "nic_gbps", positive=True),
+                channels=number_field(out, "channels", positive=True, default=min(nics, tier.channels)),
                 latency_us=number_field(out, "latency_us", default=ScaleOut.latency_us),
                 sharp=_flag(out, "sharp", ScaleOut.sharp),
                 astra_sim_gbps=number_field(out, "astra_sim_gbps", positive=True, default=ScaleOut.astra_sim_gbps),
@@ -182,7 +188,7 @@ def network_toml(network: NetworkFile, header: str) -> str:
     lines += [f"astra_sim_gbps = {node.astra_sim_gbps:g}", f"astra_sim_latency_ns = {node.astra_sim_latency_ns:g}"]
     if out is not None:
         lines += ["", "[scale_out]", f"nics = {out.nics}", f"nic_gbps = {out.nic_gbps:g}",
-                  f"latency_us = {out.latency_us:g}", f"sharp = {'true' if out.sharp else 'false'}",
+                  f"channels = {out.channels:g}", f"latency_us = {out.latency_us:g}", f"sharp = {'true' if out.sharp else 'false'}",
                   f"astra_sim_gbps = {out.astra_sim_gbps:g}", f"astra_sim_latency_ns = {out.astra_sim_latency_ns:g}"]
     if network.sources:
         lines += ["", "[sources]"] + [f"{toml_string(key)} = {toml_string(value)}" for key, value in network.sources]
