@@ -135,7 +135,8 @@ def test_nccls_per_channel_caps_count_its_channels_between_nodes():
     - all 8 GPUs of each node: Tree LL128 min(0.92 x 370.8 x 120 / 128 = 319.8, 8 x 29) = 232,
       NVLS-Tree min(480, 8 x 47 = 376, 8 x 45.5) = 364;
     - 2 GPUs of each: 2 NICs, Tree LL128 min(0.92 x 94 x 120 / 128 = 81.1, 4 x 29 = 116) = 81.1,
-      NVLS-Tree min(370, 94, 2 x 45.5) = 91."""
+      NVLS-Tree min(370, 94, 2 x 45.5) = 91.
+    Without the doubling, 2 x 29 = 58 would hold that Tree LL128."""
     four = NcclModel(network_for("hgx", [("data", 4), ("tensor", 8)]))
     for ppn, tree, nvls_tree in ((8, 8 * 29, 8 * 45.5), (2, 0.92 * 94 * 120 / 128, 2 * 45.5)):
         shape = Placement(4 * ppn, 4)
@@ -143,6 +144,11 @@ def test_nccls_per_channel_caps_count_its_channels_between_nodes():
         _, tree_bw = candidate(four, pb.ALL_REDUCE, GIB, shape, "Tree", "LL128")
         _, nvls_bw = candidate(four, pb.ALL_REDUCE, GIB, shape, "NVLS-Tree", "Simple")
         assert (tree_bw, nvls_bw) == pytest.approx((tree / 2, nvls_tree * shape.ranks / steps))
+    # hgx-a100's NICs carry 23.5 GB/s, below the 25 NCCL doubles at: one GPU per node keeps one
+    # channel, and Ampere's Tree cap on more than 2 nodes (17.8) holds it below 0.92 x 23.5 = 21.6
+    a100 = NcclModel(network_for("hgx-a100", [("data", 4), ("tensor", 8)]))
+    _, one_each = candidate(a100, pb.ALL_REDUCE, GIB, a100.group_shape([0, 8, 16, 24]), "Tree", "Simple")
+    assert one_each == pytest.approx(17.8 / 2)
 
 
 def test_a_ring_across_nodes_pays_the_network_per_step_and_the_nics():
