@@ -188,7 +188,8 @@ def network_toml(network: NetworkFile, header: str) -> str:
     lines += [f"astra_sim_gbps = {node.astra_sim_gbps:g}", f"astra_sim_latency_ns = {node.astra_sim_latency_ns:g}"]
     if out is not None:
         lines += ["", "[scale_out]", f"nics = {out.nics}", f"nic_gbps = {out.nic_gbps:g}",
-                  f"channels = {out.channels:g}", f"latency_us = {out.latency_us:g}", f"sharp = {'true' if out.sharp else 'false'}",
+                  f"channels = {out.channels:g}", f"latency_us = {out.latency_us:g}",
+                  f"sharp = {'true' if out.sharp else 'false'}",
                   f"astra_sim_gbps = {out.astra_sim_gbps:g}", f"astra_sim_latency_ns = {out.astra_sim_latency_ns:g}"]
     if network.sources:
         lines += ["", "[sources]"] + [f"{toml_string(key)} = {toml_string(value)}" for key, value in network.sources]
