@@ -29,7 +29,9 @@ from pathlib import Path
 import yaml
 
 from flint.errors import FlintError
-from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, NodeTier, ScaleOut, load_network_file
+from flint.step.network_files import (
+    BUILTIN_NETWORKS, NetworkFile, NodeTier, ScaleOut, channels_per_nic, load_network_file,
+)
 
 TOPOLOGIES = ("Ring", "Switch", "FullyConnected")
 GIB = 2**30
@@ -231,7 +233,7 @@ def _cluster_of(dimensions: Sequence[Dimension], name: str) -> NetworkFile:
     out = None
     if len(dimensions) > 1:
         second = dimensions[1]
-        out = ScaleOut(first.npus, second.bandwidth_gbps * GIB / 1e9, min(first.npus, node.channels),
+        out = ScaleOut(first.npus, second.bandwidth_gbps * GIB / 1e9, channels_per_nic(first.npus, node),
                        astra_sim_gbps=second.bandwidth_gbps,
                        astra_sim_latency_ns=second.latency_ns)
     return NetworkFile(name, "hopper", "other", node, out,

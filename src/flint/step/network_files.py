@@ -87,6 +87,12 @@ class ScaleOut:
     astra_sim_latency_ns: float = 2000.0
 
 
+def channels_per_nic(nics: int, node: NodeTier) -> float:
+    """NCCL's channels between nodes where a network does not give them: its graph search gives each
+    NIC one channel, at most the node's `channels`."""
+    return min(nics, node.channels)
+
+
 @dataclass(frozen=True)
 class NetworkFile:
     """A cluster's fabric: its node, the network between nodes (None: one node), NCCL's constants'
@@ -148,7 +154,7 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             scale_out = ScaleOut(
                 nics=nics,
                 nic_gbps=number_field(out, "nic_gbps", positive=True),
-                channels=number_field(out, "channels", positive=True, default=min(nics, tier.channels)),
+                channels=number_field(out, "channels", positive=True, default=channels_per_nic(nics, tier)),
                 latency_us=number_field(out, "latency_us", default=ScaleOut.latency_us),
                 sharp=_flag(out, "sharp", ScaleOut.sharp),
                 astra_sim_gbps=number_field(out, "astra_sim_gbps", positive=True, default=ScaleOut.astra_sim_gbps),
