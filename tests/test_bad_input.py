@@ -105,6 +105,15 @@ def test_mesh_larger_than_backend(tmp_path):
     assert_refused(run, out, "4096", "2048", "--backend tpu:")
 
 
+def test_mesh_beyond_the_gpu_rank_limit_is_refused_before_any_device_is_made(tmp_path):
+    """2^20 + 1 ranks on the GPU backend: XLA's topology holds every virtual GPU in memory (about
+    6 KB each), so a mesh of hundreds of millions would fill the memory before the model's own
+    checks ran (without the limit, this mesh reaches them and fails on the batch instead)."""
+    out = tmp_path / "out"
+    run = flint("extract", EXAMPLES / "mlp.py", "--mesh", f"{2**20 + 1}", "--backend", "gpu:h100", "-o", out)
+    assert_refused(run, out, "1,048,577 ranks", "1,048,576", "smaller mesh")
+
+
 @pytest.mark.parametrize(
     "flags, words",
     [

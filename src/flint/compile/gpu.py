@@ -21,6 +21,11 @@ from flint.errors import FlintError
 GPUS_PER_HOST = 8
 """Devices per host in the topology (an HGX board); a mesh of fewer ranks is one host."""
 
+GPU_RANK_LIMIT = 1 << 20
+"""The most ranks a GPU cluster may have. XLA's topology holds every virtual GPU in memory (5.9 GB
+for 2^20 of them on a 2-core machine, in 7 s), so a mesh far beyond it would fill the memory before
+any check of the model could run; no GPU cluster built or planned comes near it."""
+
 
 @dataclass(frozen=True)
 class GpuTarget:
@@ -122,6 +127,11 @@ def topology(ranks: int) -> str:
 
 def gpu_devices(ranks: int, name: str) -> list:
     """Compile-only devices of a cluster of `ranks` GPUs of one kind."""
+    if ranks > GPU_RANK_LIMIT:
+        raise FlintError(
+            f"a mesh of {ranks:,} ranks is more than the GPU backend compiles for ({GPU_RANK_LIMIT:,}: XLA "
+            "keeps every virtual GPU in memory): use a smaller mesh"
+        )
     if not any(importlib.util.find_spec(f"jax_plugins.{plugin}") for plugin in CUDA_PLUGINS):
         raise FlintError(
             f"--backend gpu:{name} needs XLA's GPU compiler, which is missing from this environment: "
