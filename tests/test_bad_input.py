@@ -122,8 +122,9 @@ def test_mesh_beyond_the_gpu_rank_limit_is_refused_before_any_device_is_made(tmp
         (("--slices", "2"), ("--slices", "--backend tpu:")),
         (("--backend", "tpu:v5p:2x2x2", "--stage", "optimized"), ("--stage optimized", "CPU or GPU")),
         (("--backend", "gpu:h900"), ("gpu:h900", "gpu:h100")),
+        (("--backend", "gpu:"), ("--backend 'gpu:'", "gpu:<h100")),
     ],
-    ids=["unknown", "no-topology", "slices-on-cpu", "optimized-on-tpu", "unknown-gpu"],
+    ids=["unknown", "no-topology", "slices-on-cpu", "optimized-on-tpu", "unknown-gpu", "gpu-colon-names-none"],
 )
 def test_bad_backend(tmp_path, flags, words):
     out = tmp_path / "out"

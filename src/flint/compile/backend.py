@@ -80,14 +80,14 @@ def parse_backend(text: str, slices: int = 1) -> Backend:
     topology."""
     if slices < 1:
         raise FlintError(f"invalid --slices {slices}: give a positive number of pod slices")
-    kind, _, topology = text.strip().partition(":")
+    kind, colon, topology = text.strip().partition(":")
     if kind == "tpu" and topology:
         return Backend(topology, slices)
     if slices != 1:
         raise FlintError("--slices needs a TPU backend: use --backend tpu:<topology>")
     if kind == "cpu" and not topology:
         return CPU
-    if kind == "gpu":
+    if kind == "gpu" and (topology or not colon):  # `gpu:` names no GPU: refused below
         target_config(topology or "h100")  # an unknown name or unreadable file fails here, early
         return Backend(gpu=topology or "h100")
     raise FlintError(
