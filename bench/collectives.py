@@ -49,7 +49,7 @@ from pathlib import Path
 from flint.analysis.calibrate_network import calibrate_network, modelled, placement_of
 from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, read_nccl_tests
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import NcclModel, Placement
+from flint.step.nccl import NcclModel, Placement, forced_name
 from flint.step.network import network_for
 from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file
 
@@ -64,7 +64,7 @@ def run_beside(run: NcclTestsRun, network, ranks: int | None = None, nodes: int 
     """One line per size of a measured run (of `algorithm` and `protocol` where the run forced
     them); the ratios."""
     placement = placement_of(run, ranks, nodes)
-    forced = f", {' '.join(filter(None, (algorithm, protocol)))} forced" if algorithm or protocol else ""
+    forced = f", {forced_name(algorithm, protocol)} forced" if algorithm or protocol else ""
     print(f"\n{run.path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
           f"network {network.name}, in place{forced}")
     print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  Flint's choice")

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from flint.analysis.nccl_tests import NcclTestsRun
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import Choice, NcclModel, Placement
+from flint.step.nccl import Choice, NcclModel, Placement, forced_name
 from flint.step.network import Dimension, Network
 from flint.step.network_files import NetworkFile
 
@@ -201,8 +201,7 @@ def _check_forced(one: PlacedRun, network: NetworkFile) -> None:
     try:
         one.choice(network, one.run.largest.size)
     except FlintError:
-        forced = " ".join(filter(None, (one.algorithm, one.protocol)))
-        nodes = one.placement.nodes
+        nodes, forced = one.placement.nodes, forced_name(one.algorithm, one.protocol)
         raise FlintError(f"{one.run.path}: NCCL has no {forced} for {one.run.collective} on {one.placement.ranks} "
                          f"ranks on {nodes} node{'s' * (nodes > 1)} of network {network.name}: give the --algorithm "
                          "and --protocol the run was held to (NCCL_ALGO, NCCL_PROTO)") from None

@@ -185,8 +185,8 @@ class NcclModel:
                    for a, p, lat, bw in self.candidates(comm_type, total, shape)
                    if bw > 0 and algorithm in (None, a) and protocol in (None, p)]
         if not options:
-            asked = " ".join(filter(None, (algorithm, protocol)))
-            raise FlintError(f"NCCL has no {asked} here for this collective: choose another algorithm or protocol")
+            raise FlintError(f"NCCL has no {forced_name(algorithm, protocol)} here for this collective: "
+                             "choose another algorithm or protocol")
         return min(options, key=lambda c: c.micros)
 
     def candidates(self, comm_type: int, total: int, shape: Placement) -> list[tuple[str, str, float, float]]:
@@ -379,6 +379,12 @@ class NcclModel:
         inside = nbytes * (ppn - 1) / n / (self.cluster.node.bus_gbps * 1e3)
         outside = nbytes * (n - ppn) / n / (self._nic_share() * 1e3) if shape.nodes > 1 else 0.0
         return self._p2p_latency(shape.nodes > 1) + max(inside, outside)
+
+
+def forced_name(algorithm: str | None, protocol: str | None) -> str:
+    """What NCCL_ALGO and NCCL_PROTO held a collective to, as messages name it: 'Ring LL128',
+    'Ring', '' for neither."""
+    return " ".join(filter(None, (algorithm, protocol)))
 
 
 def _steps(comm_type: int, n: int) -> int:
