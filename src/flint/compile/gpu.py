@@ -24,7 +24,7 @@ GPUS_PER_HOST = 8
 GPU_RANK_LIMIT = 1 << 20
 """The most ranks a GPU cluster may have. XLA's topology holds every virtual GPU in memory (5.9 GB
 for 2^20 of them on a 2-core machine, in 7 s), so a mesh far beyond it would fill the memory before
-any check of the model could run; no GPU cluster built or planned comes near it."""
+any check of the model could run."""
 
 
 @dataclass(frozen=True)
