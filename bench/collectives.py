@@ -140,7 +140,9 @@ def published(network_name: str = "hgx") -> None:
         line(f"{gpus}x H100 all-reduce 16 GB, {choice.algorithm} (NCCL #1455)", measured,
              bus_bandwidth(pb.ALL_REDUCE, size, choice.micros, gpus))
     a100 = BUILTIN_NETWORKS["hgx-a100"]
-    four_nics = replace(a100, name="hgx-a100, 4 NICs", scale_out=replace(a100.scale_out, nics=4, channels=4))
+    # #119's servers: two Intel Xeon Platinum 8358 each (hgx-a100 has a DGX A100's AMD hosts), 4 HDR NICs
+    four_nics = replace(a100, name="hgx-a100, 4 NICs, Intel hosts", cpu="intel",
+                        scale_out=replace(a100.scale_out, nics=4, channels=4))
     choice = modelled(four_nics, pb.ALL_REDUCE, 128 * 2**20, Placement(24, 3))
     line(f"3 nodes x 8 A100, 4 HDR NICs each, all-reduce 128 MB, {choice.algorithm} (#119)", 96,
          bus_bandwidth(pb.ALL_REDUCE, 128 * 2**20, choice.micros, 24), 0.15)
