@@ -123,14 +123,15 @@ def test_a_malformed_file_is_one_line(tmp_path):
 
 
 def test_a_run_that_does_not_reach_its_bandwidth_is_refused(tmp_path):
-    """An 8-GPU A100 node measured from 8 B to 64 KiB: every size runs Ring LL, 6.6 + 14 x 0.6 + S /
-    (87.7 x 8 / 14 x 10^3) µs at NCCL's Ampere cap of 87.7 GB/s, as any bus bandwidth from twice
-    that (LL's half of the bus) would give it. Before, the fit wrote the search's end, 100,000 GB/s."""
-    times = {2**k: 6.6 + 14 * 0.6 + 2**k / (87.7 * 8 / 14 * 1e3) for k in range(3, 17)}
+    """An 8-GPU A100 node measured from 8 B to 16 KiB: every size runs Ring LL, 6.6 + 14 x 0.6 + S /
+    (87.7 x 8 / 14 x c / 16 x 10^3) µs at NCCL's Ampere cap of 87.7 GB/s on c of its 16 channels
+    (S / 32 KiB, at least one), as any bus bandwidth from twice that (LL's half of the bus) would
+    give it. Before, the fit wrote the search's end, 100,000 GB/s."""
+    times = {2**k: 6.6 + 14 * 0.6 + 2**k / (87.7 * 8 / 14 * max(1, 2**k // 2**15) / 16 * 1e3) for k in range(3, 15)}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
     run = flint("calibrate", "--network", "hgx-a100", measured, "-o", tmp_path / "f.toml")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
-    assert "(65,536 bytes) NCCL's model runs Ring LL, whose time does not depend on node.bus_gbps" in run.stderr
+    assert "(16,384 bytes) NCCL's model runs Ring LL, whose time does not depend on node.bus_gbps" in run.stderr
     assert not (tmp_path / "f.toml").exists()
 
 

@@ -65,8 +65,10 @@ def test_inspect_json_has_group_sizes_peers_and_heaviest(tmp_path: Path) -> None
     assert [(n["id"], n["type"]) for n in heaviest] == [
         (4, "send"), (3, "all_gather"), (2, "all_reduce"), (5, "broadcast"), (1, "comp"),
     ]
+    # Ring LL on one of the hgx node's 16 channels (each below 512 threads x 8 B x the ranks)
     assert [n["micros"] for n in heaviest] == pytest.approx([
-        11.8 + 512 / 370.8e3, 8.4 + 1024 / (141e3 * 4 / 3), 7.8 + 1024 / 141e3, 7.2 + 64 / 141e3, 4.096])
+        11.8 + 512 / 370.8e3, 8.4 + 1024 * 16 / (141e3 * 4 / 3), 7.8 + 1024 * 16 / 141e3, 7.2 + 64 * 16 / 141e3,
+        4.096])
     assert [(n["id"], n["micros"]) for n in ranks[0]["heaviest"]][-1] == (4, pytest.approx(0.128))  # MEM_LOAD
 
 

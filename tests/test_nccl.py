@@ -38,10 +38,41 @@ def candidate(model: NcclModel, kind: int, total: int, shape: Placement, algorit
 
 
 def test_a_tiny_all_reduce_on_one_node_is_ring_ll():
-    """8 B: Ring LL, 6.6 + 14 steps x 0.6 = 15.0 µs; bandwidth min(141, 370.8 / 2) x 8 / 14."""
+    """8 B: Ring LL, 6.6 + 14 steps x 0.6 = 15.0 µs; bandwidth min(141, 370.8 / 2) x 8 / 14, on one
+    of the 16 channels (NCCL launches one below 512 threads x 8 B x 8 ranks a channel)."""
     choice = NODE.choose(pb.ALL_REDUCE, 8, Placement(8, 1))
     assert (choice.algorithm, choice.protocol) == ("Ring", "LL")
-    assert choice.micros == pytest.approx(15.0 + 8 / (141 * 8 / 14 * 1e3))
+    assert choice.micros == pytest.approx(15.0 + 8 / (141 * 8 / 14 / 16 * 1e3))
+
+
+def test_nccl_launches_small_collectives_on_fewer_channels():
+    """NCCL's runtime gives each thread of a Ring or Tree channel at least the protocol's
+    threshold (LL 8 B x the ranks for a ring, LL128 8 B, Simple 64 B) over 512 threads (LL128:
+    640), so it launches floor(bytes / (threads x threshold)) of the channels, at least one.
+    - one node, Ring LL: 32 KiB a channel; 256 KiB runs on 8 of 16, so at half the algorithm
+      bandwidth, 15.0 + 256 KiB / 40.3 GB/s = 21.5 µs, as 512 KiB (all 16) and 16 KiB (one);
+      100 KiB on 3; 1 MiB on all 16;
+    - 2 nodes, Tree LL128 (forced): 5 KiB a channel, 20 KiB on 4 of 8 at min(319.8, 8 x 36.7) / 2
+      x NCCL's tree correction for 2^8 x 64 B (0.8) x 4 / 8;
+    - Ring Simple (forced): 32 KiB a channel, 64 KiB on 2 of 16; on a PCI node whose ring carries
+      12 GB/s (NCCL's PCI_BW) it gets 256 threads, so 16 KiB a channel: 64 KiB on 4, at 12 x 8 / 14
+      after 8.4 + 14 x 5.7 µs;
+    - NVLS keeps its channels: 8 B forced onto it takes 81.5 µs and 8 B at 480 x 8 / 14."""
+    node, ring_ll = Placement(8, 1), 141 * 8 / 14
+    for size, launched in ((256 * 1024, 8), (512 * 1024, 16), (16 * 1024, 1), (100 * 1024, 3), (MIB, 16)):
+        micros = NODE.choose(pb.ALL_REDUCE, size, node).micros
+        assert micros == pytest.approx(15.0 + size / (ring_ll * launched / 16 * 1e3))
+    assert NODE.choose(pb.ALL_REDUCE, 256 * 1024, node).micros == pytest.approx(21.5, abs=0.05)
+    tree = TWO_NODES.choose(pb.ALL_REDUCE, 20 * 1024, Placement(16, 2), algorithm="Tree", protocol="LL128")
+    assert tree.micros == pytest.approx(48.5 + 20 * 1024 / (8 * 36.7 / 2 * 0.8 * 4 / 8 * 1e3))
+    simple = NODE.choose(pb.ALL_REDUCE, 64 * 1024, node, algorithm="Ring", protocol="Simple")
+    assert simple.micros == pytest.approx(8.4 + 14 * 3.4 + 64 * 1024 / (370.8 * 8 / 14 * 2 / 16 * 1e3))
+    pci = NcclModel(replace(NODE.network, cluster=replace(
+        NODE.cluster, node=replace(NODE.cluster.node, link="pci", bus_gbps=12.0, nvls_bus_gbps=()))))
+    narrow = pci.choose(pb.ALL_REDUCE, 64 * 1024, node, algorithm="Ring", protocol="Simple")
+    assert narrow.micros == pytest.approx(8.4 + 14 * 5.7 + 64 * 1024 / (12 * 8 / 14 * 4 / 16 * 1e3))
+    nvls = NODE.choose(pb.ALL_REDUCE, 8, node, algorithm="NVLS")
+    assert nvls.micros == pytest.approx(81.5 + 8 / (480 * 8 / 14 * 1e3))
 
 
 def test_four_mib_is_ring_ll128():
@@ -82,7 +113,7 @@ def test_across_two_nodes_small_all_reduces_take_the_tree():
     assert shape == Placement(16, 2)
     tiny = TWO_NODES.choose(pb.ALL_REDUCE, 8, shape)
     assert (tiny.algorithm, tiny.protocol) == ("Tree", "LL")
-    assert tiny.micros == pytest.approx(25.2 + 8 / (39.0 / 2 * 1e3))
+    assert tiny.micros == pytest.approx(25.2 + 8 / (39.0 / 2 / 8 * 1e3))  # on one of 8 channels
     mib = TWO_NODES.choose(pb.ALL_REDUCE, MIB, shape)
     assert (mib.algorithm, mib.protocol) == ("Tree", "LL128")
     assert mib.micros == pytest.approx(48.5 + MIB / (8 * 36.7 / 2 * 0.6 * 1e3))

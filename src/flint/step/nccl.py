@@ -7,7 +7,10 @@ its network file (`flint.step.network_files`, each with its source). For a group
 `nodes` nodes, ppn = N / nodes of them per node, and nBytes as NCCL counts them (the whole buffer;
 an all-gather's output, a reduce-scatter's input):
 
-    time = latency(algorithm, protocol) + nBytes / algorithm bandwidth
+    time = latency(algorithm, protocol) + nBytes / (algorithm bandwidth x launched / channels)
+
+NCCL chooses by that time with every channel launched; its runtime then launches fewer for a small
+Ring or Tree collective (see `_launched_share`), which the time counts.
 
 **Bandwidths.** The bus bandwidth B of the fabric a step crosses: the node's `bus_gbps` inside one
 node; between nodes the least of it and the NICs of the group's GPUs (ppn x nics / gpus x
@@ -181,13 +184,15 @@ class NcclModel:
         if comm_type == SEND_RECV:  # the slowest pair: between nodes where the group spans several
             return Choice("P2P", "Simple", self._pair_micros(nbytes, shape.nodes > 1))
         total = nbytes * shape.ranks if comm_type == pb.ALL_GATHER else nbytes
-        options = [Choice(a, p, lat + total / (bw * 1e3))
-                   for a, p, lat, bw in self.candidates(comm_type, total, shape)
+        options = [(a, p, lat, bw) for a, p, lat, bw in self.candidates(comm_type, total, shape)
                    if bw > 0 and algorithm in (None, a) and protocol in (None, p)]
         if not options:
             raise FlintError(f"NCCL has no {forced_name(algorithm, protocol)} here for this collective: "
                              "choose another algorithm or protocol")
-        return min(options, key=lambda c: c.micros)
+        # the tuner's pick, timed as if every channel ran; then the time on the channels launched
+        name, proto, latency, bandwidth = min(options, key=lambda o: o[2] + total / (o[3] * 1e3))
+        share = self._launched_share(name, proto, total, shape)
+        return Choice(name, proto, latency + total / (bandwidth * share * 1e3))
 
     def candidates(self, comm_type: int, total: int, shape: Placement) -> list[tuple[str, str, float, float]]:
         """(algorithm, protocol, latency µs, algorithm bandwidth GB/s) of everything NCCL can run
@@ -204,6 +209,23 @@ class NcclModel:
                 found.append((algorithm, protocol, self._latency(algorithm, protocol, comm_type, total, shape),
                               bandwidth))
         return found
+
+    def _launched_share(self, algorithm: str, protocol: str, total: int, shape: Placement) -> float:
+        """The share of its channels NCCL's runtime launches a Ring or Tree collective of `total`
+        bytes on (enqueue.cc topoGetAlgoInfo): as many as give each of their threads at least the
+        protocol's threshold of bytes, at least one. Each launched channel carries its bytes at
+        its share of the bandwidth, so from one channel's worth of bytes to every channel's the
+        time holds at a plateau. NVLS, NVLS-Tree and CollNet keep their own channels, PAT all of
+        them (NCCL sets no thread count for PAT that would reduce them)."""
+        if algorithm not in ("Ring", "Tree"):
+            return 1.0
+        launch, p = NCCL["launch"], PROTOCOLS.index(protocol)
+        threads = launch["max_threads"][p]
+        if algorithm == "Ring" and protocol == "Simple" and self.cluster.node.bus_gbps <= launch["pci_gbps"]:
+            threads = launch["pci_ring_simple_threads"]
+        threshold = launch["thread_threshold"][p] * (shape.ranks if algorithm == "Ring" and protocol == "LL" else 1)
+        channels = self._channels(algorithm, shape)
+        return max(1, min(channels, total // (threads * threshold))) / channels
 
     # -- which algorithms exist ------------------------------------------------------------------
 
