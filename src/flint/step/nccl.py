@@ -215,8 +215,9 @@ class NcclModel:
         bytes on (enqueue.cc topoGetAlgoInfo): as many as give each of their threads at least the
         protocol's threshold of bytes, at least one. Each launched channel carries its bytes at
         its share of the bandwidth, so from one channel's worth of bytes to every channel's the
-        time holds at a plateau. NVLS, NVLS-Tree and CollNet keep their own channels, PAT all of
-        them (NCCL sets no thread count for PAT that would reduce them)."""
+        time holds at a plateau. NVLS and NVLS-Tree keep their own channels, PAT all of them (NCCL
+        sets no thread count for PAT that would reduce them). CollNet Direct has a reduction of
+        its own, by its heads, which is not modelled: it keeps every channel here."""
         if algorithm not in ("Ring", "Tree"):
             return 1.0
         launch, p = NCCL["launch"], PROTOCOLS.index(protocol)
