@@ -217,9 +217,10 @@ class NcclModel:
         its share of the bandwidth, so from one channel's worth of bytes to every channel's the
         time holds at a plateau. Below one channel's worth NCCL also halves its threads; that is
         not counted (NVIDIA's 8x H100 sample gains 0.7 µs from 4 to 16 KB, where a channel with
-        as few threads as the bytes would hold at the plateau). NVLS and NVLS-Tree keep their own channels, PAT all of them (NCCL
-        sets no thread count for PAT that would reduce them). CollNet Direct has a reduction of
-        its own, by its heads, which is not modelled: it keeps every channel here."""
+        as few threads as the bytes would hold at the plateau). NVLS and NVLS-Tree keep their
+        own channels, PAT all of them (NCCL sets no thread count for PAT that would reduce them).
+        CollNet Direct has a reduction of its own, by its heads, which is not modelled: it keeps
+        every channel here."""
         if algorithm not in ("Ring", "Tree"):
             return 1.0
         launch, p = NCCL["launch"], PROTOCOLS.index(protocol)
