@@ -49,8 +49,7 @@ from pathlib import Path
 from flint.analysis.calibrate_network import calibrate_network, modelled, placement_of
 from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, read_nccl_tests
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import NcclModel, Placement, forced_name
-from flint.step.network import network_for
+from flint.step.nccl import Placement, forced_name
 from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,11 +129,10 @@ def published(network_name: str = "hgx") -> None:
         choice = modelled(network, kind, GB, node)
         line(f"8x H100 {name} 1 GB ({choice.algorithm} {choice.protocol}; nccl-tests #212)", 370,
              bus_bandwidth(kind, GB, choice.micros, 8), 0.15)
-    model = NcclModel(network_for(network_name, [("tensor", 8)]))
     size = 16 * 2**30
-    ring = {(a, p): (lat, bw) for a, p, lat, bw in model.candidates(pb.ALL_REDUCE, size, node)}["Ring", "Simple"]
+    ring = modelled(network, pb.ALL_REDUCE, size, node, "Ring", "Simple")
     line("8x H100 all-reduce 16 GB, Ring (NCCL #1455: 365-370)", 367.5,
-         bus_bandwidth(pb.ALL_REDUCE, size, ring[0] + size / (ring[1] * 1e3), 8))
+         bus_bandwidth(pb.ALL_REDUCE, size, ring.micros, 8))
     for gpus, measured in ((4, 370), (5, 420), (6, 440), (7, 460), (8, 480)):
         choice = modelled(network, pb.ALL_REDUCE, size, Placement(gpus, 1))
         line(f"{gpus}x H100 all-reduce 16 GB, {choice.algorithm} (NCCL #1455)", measured,
