@@ -1,8 +1,11 @@
 """`flint calibrate --network`: a network fitted to nccl-tests output, on synthetic files whose
 times follow NCCL's model of a known machine, by hand.
 
-An 8-GPU node all-reducing with NVLS at 400 GB/s bus bandwidth after 60 µs: S bytes take 60 + S /
-(400 x 8 / 14 x 10^3) µs (NCCL's algorithm bandwidth is the bus's times N / 2(N-1)). An all-gather
+An 8-GPU node all-reducing with NVLS at 600 GB/s bus bandwidth after 60 µs: S bytes take 60 + S /
+(600 x 8 / 14 x c x 10^3) µs (NCCL's algorithm bandwidth is the bus's times N / 2(N-1); c is NCCL's
+tree correction for Simple, which Flint gives NVLS and NVLS-Tree: 0.8 at 64 MiB, 0.9 at 128 to 512
+MiB, none from 1 GiB; so corrected, NVLS is the fastest choice from 64 MiB, before hgx's ring). From
+1 GiB on, where nothing is corrected, some runs take 400 GB/s. An all-gather
 on a ring of 300 GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple latency on NVLink) + S /
 (300 x 8 / 7 x 10^3).
 """
@@ -21,6 +24,13 @@ from flint.step.network import network_for
 from flint.step.network_files import load_network_file, toml_string
 
 SIZES = [2**k for k in range(26, 35)]  # 64 MiB .. 16 GiB: where NVLS runs
+CORRECTION = {2**26: 0.8, 2**27: 0.9, 2**28: 0.9, 2**29: 0.9}
+"""NCCL's treeCorrectionFactor (tuning.cc), Simple, entries 20 to 23 (2^20 x 64 B to 2^23 x 64 B)."""
+
+
+def nvls(latency_us: float, bus_gbps: float) -> dict[int, float]:
+    """One 8-GPU node's NVLS all-reduce times at `bus_gbps` after `latency_us`, on SIZES."""
+    return {size: latency_us + size / (bus_gbps * 8 / 14 * CORRECTION.get(size, 1.0) * 1e3) for size in SIZES}
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
 
 
@@ -40,35 +50,34 @@ def assert_refused(run, written: Path, words: str) -> None:
 
 
 def test_nvls_bandwidth_and_latency_are_recovered(tmp_path):
-    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
     out = tmp_path / "fitted.toml"
     run = flint("calibrate", "--network", "hgx", measured, "-o", out, "--json")
     assert run.returncode == 0, run.stderr
     fit = json.loads(run.stdout)
     assert fit["fitted"]["node.nvls_latency_us"] == pytest.approx(60, abs=0.5)
-    assert fit["fitted"]["node.nvls_bus_gbps[7]"] == pytest.approx(400, rel=0.005)
+    assert fit["fitted"]["node.nvls_bus_gbps[7]"] == pytest.approx(600, rel=0.005)
     assert [r["ranks"] for r in fit["runs"]] == [8]  # from the file's Rank lines
     for row in fit["runs"][0]["rows"]:
         assert row["algorithm"] == "NVLS" and row["modelled_us"] == pytest.approx(row["measured_us"], rel=0.01)
     network = load_network_file(out)
-    assert network.name == "hgx-calibrated" and network.node.nvls_bus_gbps[7] == pytest.approx(400, rel=0.005)
+    assert network.name == "hgx-calibrated" and network.node.nvls_bus_gbps[7] == pytest.approx(600, rel=0.005)
     assert "flint calibrate --network hgx on all_reduce_perf.txt" in dict(network.sources)["node.nvls_latency_us"]
     network_for(str(out), [("tensor", 8)])  # usable as --network
 
 
 def test_a_latency_that_one_size_leaves_open_keeps_the_files_own_value(tmp_path):
-    """One size (8 GiB): every NVLS latency fits it with a bandwidth of its own, so hgx's 81.5 µs
+    """One size (8 GiB): every NVLS latency fits it with a bandwidth of its own, so hgx's 35.5 µs
     stays and is not reported as fitted. The bandwidth is the one that takes the measured time
-    after 81.5 µs: S / ((t - 81.5) x 8 / 14 x 10^3)."""
+    after 35.5 µs: S / ((t - 35.5) x 8 / 14 x 10^3)."""
     size = 2**33
     measured_us = round(60 + size / (400 * 8 / 14 * 1e3), 1)  # as the file writes it
     measured = nccl_tests(tmp_path / "one.txt", "all_reduce_perf", {size: measured_us})
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["fitted"] == {
-        "node.nvls_bus_gbps[7]": pytest.approx(size / ((measured_us - 81.5) * 8 / 14 * 1e3), rel=1e-6)}
-    assert load_network_file(tmp_path / "f.toml").node.nvls_latency_us == 81.5
+        "node.nvls_bus_gbps[7]": pytest.approx(size / ((measured_us - 35.5) * 8 / 14 * 1e3), rel=1e-6)}
+    assert load_network_file(tmp_path / "f.toml").node.nvls_latency_us == 35.5
 
 
 def test_a_ring_bandwidth_is_recovered_from_an_all_gather(tmp_path):
@@ -211,8 +220,9 @@ def test_an_ll128_share_the_sizes_only_bound_is_kept_where_the_files_own_would_w
 def test_ranks_the_networks_nodes_cannot_hold_are_refused(tmp_path):
     """hgx's nodes hold 8 GPUs (its file's node.gpus). Before, 16 ranks of a two-node run with
     --nodes left at 1 were fitted as one node's NVLS, with exit 0, as were 9 ranks; and 8 ranks
-    on 3 nodes were told to reach larger sizes."""
-    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    on 3 nodes were told to reach larger sizes. (400 GB/s, which hgx's 8 channels between
+    nodes carry as NVLS-Tree, 8 x 57.7 = 461.6: the last run, on 2 nodes, is fitted.)"""
+    times = nvls(60, 400)
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header="")
     for flags, said in [(["--ranks", "16"], "16 ranks on 1 node (--ranks, and --nodes or its default 1), and "
                          "network hgx's nodes hold 8 GPUs: give the --nodes it ran on (2 or more)"),
@@ -240,12 +250,12 @@ TWO_NODES = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} dev
 def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
     """All-reduce across two hgx nodes of 8, 1 to 16 GiB: NCCL runs NVLS-Tree, whose bus bandwidth
     is the least of the node's NVLS (here 440 GB/s), twice the node's NICs on two nodes (2 x 8 x 47)
-    and 16 channels of 57.7: 440, after hgx's NVLS latency (81.5 µs) and two network steps of 20.9
-    (tuning.cc's NVLS-Tree hop): 123.3 + S / (440 x 16 / 30 x 10^3) µs. Before, the fit put the
+    and 16 channels of 57.7: 440, after hgx's NVLS latency (35.5 µs) and two network steps of 20.9
+    (tuning.cc's NVLS-Tree hop): 77.3 + S / (440 x 16 / 30 x 10^3) µs. Before, the fit put the
     whole shortfall on the NICs: 27.5 GB/s each (440 / 16), where they carry 47. The run's sizes
     fit the network's latency (0), not the node's NVLS latency, which one node's run measures:
     before, a two-node run moved it and with it every one-node NVLS time."""
-    times = {size: 81.5 + 2 * 20.9 + size / (440 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
+    times = {size: 35.5 + 2 * 20.9 + size / (440 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
@@ -254,7 +264,7 @@ def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
                              "scale_out.latency_us": pytest.approx(0, abs=0.05)}
     assert {row["algorithm"] for row in fit["runs"][0]["rows"]} == {"NVLS-Tree"}
     network = load_network_file(tmp_path / "f.toml")
-    assert (network.scale_out.nic_gbps, network.node.nvls_latency_us) == (47.0, 81.5)
+    assert (network.scale_out.nic_gbps, network.node.nvls_latency_us) == (47.0, 35.5)
 
 
 def test_a_run_faster_than_nccls_per_channel_cap_fits_the_channels_between_nodes(tmp_path):
@@ -263,7 +273,7 @@ def test_a_run_faster_than_nccls_per_channel_cap_fits_the_channels_between_nodes
     8 x 47): no number of the machine reaches it, so the fit gives the channels 470 / 57.7 = 8.146
     (the machine's channels outrun NCCL's caps) and leaves NVLS and the NICs; the written file
     reads back with it."""
-    times = {size: 81.5 + 2 * 20.9 + size / (470 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
+    times = {size: 35.5 + 2 * 20.9 + size / (470 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
@@ -321,8 +331,7 @@ def test_a_ring_across_nodes_faster_than_the_nodes_ring_names_it(tmp_path):
 def test_an_algorithm_nccl_does_not_have_there_is_refused_naming_the_run(tmp_path, forced):
     """NCCL runs no Tree within one node, and NVLS only with Simple (tuning.cc): a run said to be
     held to either was not; before, the refusal named no file and asked to choose another."""
-    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
     run = flint("calibrate", "--network", "hgx", measured, *forced, "-o", tmp_path / "f.toml")
     said = " ".join(forced[1::2]).replace("nvls", "NVLS")
     assert_refused(run, tmp_path / "f.toml", f"all_reduce_perf.txt: NCCL has no {said} for all_reduce on 8 ranks on "
@@ -354,7 +363,7 @@ def test_a_row_with_wrong_results_is_refused(tmp_path):
     """nccl-tests counted 3 wrong results in place at 1 GiB (line 9: the file's four lines of header,
     then the rows from 64 MiB); before, its time was fitted as if the collective were correct. N/A
     (nccl-tests -c 0: not checked) is no count."""
-    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    times = nvls(60, 600)
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header="")
     lines = measured.read_text().splitlines()
     assert lines[8].split()[0] == str(2**30)
@@ -373,7 +382,7 @@ def test_a_file_of_two_programs_tables_is_refused(tmp_path):
     """An all_gather_perf run, then an all_reduce_perf run, in one file: before, all its rows were
     read as the all-gather's (the first name found)."""
     gather = {size: 8.4 + 7 * 3.4 + size / (300 * 8 / 7 * 1e3) for size in SIZES}
-    reduce = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    reduce = nvls(60, 600)
     both = tmp_path / "both.txt"
     both.write_text(nccl_tests(tmp_path / "a", "all_gather_perf", gather).read_text()
                     + nccl_tests(tmp_path / "b", "all_reduce_perf", reduce).read_text())
@@ -385,7 +394,7 @@ def test_names_and_sources_are_written_as_toml_strings(tmp_path):
     """A quotation mark, a backslash, a newline and DEL, in the name and in the measured file's
     name (each fitted number's source): before, name = "a"b" was written, and the file did not load."""
     name = 'a"b\\c\nd\x7f'
-    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
+    times = nvls(60, 600)
     measured = nccl_tests(tmp_path / 'x"y\nz_all_reduce_perf.txt', "all_reduce_perf", times)
     run = flint("calibrate", "--network", "hgx", measured, "--name", name, "-o", tmp_path / "f.toml")
     assert run.returncode == 0, run.stderr
@@ -402,8 +411,7 @@ def test_names_and_sources_are_written_as_toml_strings(tmp_path):
 def test_device_options_are_refused_with_network(tmp_path, option):
     """--rank and --device pick the profiled rank and the device of a device fit; before, --network
     took them and ignored them (even --rank 0, --rank's default, given on purpose)."""
-    times = {size: 60 + size / (400 * 8 / 14 * 1e3) for size in SIZES}
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
     run = flint("calibrate", "--network", "hgx", measured, *option, "-o", tmp_path / "f.toml")
     assert_refused(run, tmp_path / "f.toml", f"{option[0]} is for fitting a device to profiles")
 

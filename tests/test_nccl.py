@@ -5,8 +5,10 @@ LL/LL128/Simple 6.6 / 14.0 / 8.4 µs, Tree 6.8 / 14.0 / 8.4; NVLink hops Ring 0.
 0.6 / 1.25 / 4.0; network hops Tree 5.0 / 8.5 / 14, NVLS-Tree 20.9, CollNet Direct 31; LL at most
 141 GB/s on one node, 39 GB/s on two (Intel); per channel: Ring LL128 36.7, Tree 41.4 (2 nodes),
 NVLS-Tree 57.7 (2 nodes). The hgx network: 8 GPUs per node, ring bus bandwidth 370.8 GB/s, 16
-channels, NVLS 480 GB/s at 8 GPUs and 81.5 µs, eight 47 GB/s NICs per node and 8 channels between
-nodes (one per NIC), no network latency.
+channels, NVLS 480 GB/s at 8 GPUs and 35.5 µs, eight 47 GB/s NICs per node and 8 channels between
+nodes (one per NIC), no network latency. NCCL's tree correction for Simple (treeCorrectionFactor),
+which Flint gives NVLS and NVLS-Tree below 1 GiB: 0.7 at 2^16 x 64 B (4 MiB) and 2^19 x 64 B
+(32 MiB), 0.9 at 2^23 x 64 B (512 MiB).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def test_nccl_launches_small_collectives_on_fewer_channels():
     - Ring Simple (forced): 32 KiB a channel, 64 KiB on 2 of 16; on a PCI node whose ring carries
       12 GB/s (NCCL's PCI_BW) it gets 256 threads, so 16 KiB a channel: 64 KiB on 4, at 12 x 8 / 14
       after 8.4 + 14 x 5.7 µs;
-    - NVLS keeps its channels: 8 B forced onto it takes 81.5 µs and 8 B at 480 x 8 / 14."""
+    - NVLS keeps its channels: 8 B forced onto it takes 35.5 µs and 8 B at 480 x 8 / 14."""
     node, ring_ll = Placement(8, 1), 141 * 8 / 14
     for size, launched in ((256 * 1024, 8), (512 * 1024, 16), (16 * 1024, 1), (100 * 1024, 3), (MIB, 16)):
         micros = NODE.choose(pb.ALL_REDUCE, size, node).micros
@@ -72,27 +74,33 @@ def test_nccl_launches_small_collectives_on_fewer_channels():
     narrow = pci.choose(pb.ALL_REDUCE, 64 * 1024, node, algorithm="Ring", protocol="Simple")
     assert narrow.micros == pytest.approx(8.4 + 14 * 5.7 + 64 * 1024 / (12 * 8 / 14 * 4 / 16 * 1e3))
     nvls = NODE.choose(pb.ALL_REDUCE, 8, node, algorithm="NVLS")
-    assert nvls.micros == pytest.approx(81.5 + 8 / (480 * 8 / 14 * 1e3))
+    assert nvls.micros == pytest.approx(35.5 + 8 / (480 * 8 / 14 * 1e3))
 
 
-def test_four_mib_is_ring_ll128():
-    """4 MiB: LL128, 14.0 + 14 x 1.9 = 40.6 µs at min(0.92 x 370.8, 16 x 36.7) x 8 / 14 GB/s =
-    62.1 µs, before LL (67.1), Simple (75.8) and NVLS (96.8)."""
+def test_four_mib_is_nvls_after_its_size_correction():
+    """4 MiB: NVLS, 35.5 µs at 480 x 8 / 14 x 0.7 GB/s = 57.3 µs, before Ring LL128 (14.0 + 14 x
+    1.9 = 40.6 µs at min(0.92 x 370.8, 16 x 36.7) x 8 / 14 GB/s: 62.1), LL (67.1) and Simple (75.8)."""
     choice = NODE.choose(pb.ALL_REDUCE, 4 * MIB, Placement(8, 1))
-    assert (choice.algorithm, choice.protocol) == ("Ring", "LL128")
-    assert choice.micros == pytest.approx(40.6 + 4 * MIB / (0.92 * 370.8 * 8 / 14 * 1e3))
+    assert (choice.algorithm, choice.protocol) == ("NVLS", "Simple")
+    assert choice.micros == pytest.approx(35.5 + 4 * MIB / (480 * 8 / 14 * 0.7 * 1e3))
+    assert choice.micros == pytest.approx(57.3, abs=0.05)
+    ll128 = candidate(NODE, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "LL128")
+    assert ll128 == pytest.approx((40.6, 0.92 * 370.8 * 8 / 14))
     simple = candidate(NODE, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "Simple")
     assert simple == pytest.approx((8.4 + 14 * 3.4, 370.8 * 8 / 14))
 
 
 def test_a_large_all_reduce_on_one_node_is_nvls():
-    """1 GiB: NVLS, 81.5 µs and 480 GB/s bus bandwidth, x 8 / 14 for the algorithm's."""
+    """1 GiB: NVLS, 35.5 µs and 480 GB/s bus bandwidth, x 8 / 14 for the algorithm's (1 GiB is past
+    the correction's entries); 32 MiB at 0.7 of that."""
     choice = NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
     assert (choice.algorithm, choice.protocol) == ("NVLS", "Simple")
-    assert choice.micros == pytest.approx(81.5 + GIB / (480 * 8 / 14 * 1e3))
+    assert choice.micros == pytest.approx(35.5 + GIB / (480 * 8 / 14 * 1e3))
     # with four GPUs of the node, NVLS reaches 370 GB/s
     four = candidate(NODE, pb.ALL_REDUCE, GIB, Placement(4, 1), "NVLS", "Simple")
-    assert four == pytest.approx((81.5, 370 * 4 / 6))
+    assert four == pytest.approx((35.5, 370 * 4 / 6))
+    assert candidate(NODE, pb.ALL_REDUCE, 32 * MIB, Placement(8, 1), "NVLS", "Simple") == pytest.approx(
+        (35.5, 480 * 8 / 14 * 0.7))
 
 
 def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
@@ -134,28 +142,29 @@ def test_tree_simple_across_nodes_and_where_the_tree_correction_ends():
 
 
 def test_across_two_nodes_large_all_reduces_take_nvls_tree():
-    """1 GiB on 2 nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(480, 2 x 8 x 47, 8 x 57.7)
+    """1 GiB on 2 nodes: NVLS-Tree, 35.5 + 2 x 1 x 20.9 = 77.3 µs at min(480, 2 x 8 x 47, 8 x 57.7)
     x 16 / 30 GB/s: NCCL's cap for its 8 channels between nodes, 461.6 GB/s, below NVLS's 480."""
     choice = TWO_NODES.choose(pb.ALL_REDUCE, GIB, Placement(16, 2))
     assert (choice.algorithm, choice.protocol) == ("NVLS-Tree", "Simple")
-    assert choice.micros == pytest.approx(123.3 + GIB / (8 * 57.7 * 16 / 30 * 1e3))
+    assert choice.micros == pytest.approx(77.3 + GIB / (8 * 57.7 * 16 / 30 * 1e3))
 
 
-def test_nvls_tree_on_blackwell_with_x86_hosts_takes_the_tree_correction():
+def test_nvls_tree_takes_the_tree_correction_on_every_architecture_and_host():
     """hgx-b200 (Intel hosts; Blackwell: NVLS-Tree 96 GB/s per channel on 2 nodes), 16 ranks on 2
-    nodes: NVLS-Tree, 81.5 + 2 x 1 x 20.9 = 123.3 µs at min(845.4, 2 x 8 x 47, 8 x 96) x 16 / 30
+    nodes: NVLS-Tree, 35.5 + 2 x 1 x 20.9 = 77.3 µs at min(845.4, 2 x 8 x 47, 8 x 96) x 16 / 30
     GB/s, x NCCL's correction of 0.9 for 512 MiB (2^23 x 64 B, the table's last entry); none at
-    1 GiB. On Grace hosts (cpu other) and on Hopper, 512 MiB is not corrected."""
+    1 GiB. NCCL's tuner corrects only there (Blackwell, x86 hosts); Flint also on Grace hosts (cpu
+    other) and on Hopper (8 x 57.7 GB/s)."""
     model = NcclModel(network_for("hgx-b200", [("data", 2), ("tensor", 8)]))
     shape, bandwidth = Placement(16, 2), 752 * 16 / 30 * 1e3
     half = model.choose(pb.ALL_REDUCE, GIB // 2, shape)
     assert (half.algorithm, half.protocol) == ("NVLS-Tree", "Simple")
-    assert half.micros == pytest.approx(123.3 + GIB / 2 / (0.9 * bandwidth))
-    assert model.choose(pb.ALL_REDUCE, GIB, shape).micros == pytest.approx(123.3 + GIB / bandwidth)
+    assert half.micros == pytest.approx(77.3 + GIB / 2 / (0.9 * bandwidth))
+    assert model.choose(pb.ALL_REDUCE, GIB, shape).micros == pytest.approx(77.3 + GIB / bandwidth)
     grace = NcclModel(replace(model.network, cluster=replace(model.cluster, cpu="other")))
-    assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(123.3 + GIB / 2 / bandwidth)
+    assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(77.3 + GIB / 2 / (0.9 * bandwidth))
     hopper = TWO_NODES.choose(pb.ALL_REDUCE, GIB // 2, shape)
-    assert hopper.micros == pytest.approx(123.3 + GIB / 2 / (8 * 57.7 * 16 / 30 * 1e3))
+    assert hopper.micros == pytest.approx(77.3 + GIB / 2 / (0.9 * 8 * 57.7 * 16 / 30 * 1e3))
 
 
 def test_nccls_per_channel_caps_count_its_channels_between_nodes():
@@ -300,11 +309,11 @@ def test_an_a100_node_has_no_nvls_and_its_rings_run_at_their_fitted_numbers():
 
 def test_simulate_times_one_collective_as_nccl_by_default(tmp_path):
     """flint simulate's estimator (the default engine) on one 1 GiB all-reduce over 8 ranks: NVLS's
-    81.5 + 2^30 / (480 x 8 / 14 x 10^3) µs."""
+    35.5 + 2^30 / (480 x 8 / 14 x 10^3) µs."""
     traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, GIB)
     result = json.loads(flint("simulate", traces, "--json", "-o", tmp_path / "s").stdout)
     assert result["engine"] == "flint" and result["collectives"] == "nccl"
-    assert result["step_us"] == pytest.approx(81.5 + GIB / (480 * 8 / 14 * 1e3))
+    assert result["step_us"] == pytest.approx(35.5 + GIB / (480 * 8 / 14 * 1e3))
 
 
 def test_a_bad_network_file_is_one_line(tmp_path):
