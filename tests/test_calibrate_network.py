@@ -31,6 +31,8 @@ CORRECTION = {2**26: 0.8, 2**27: 0.9, 2**28: 0.9, 2**29: 0.9}
 def nvls(latency_us: float, bus_gbps: float) -> dict[int, float]:
     """One 8-GPU node's NVLS all-reduce times at `bus_gbps` after `latency_us`, on SIZES."""
     return {size: latency_us + size / (bus_gbps * 8 / 14 * CORRECTION.get(size, 1.0) * 1e3) for size in SIZES}
+
+
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
 
 
