@@ -24,9 +24,9 @@ from test_collectives import one_collective
 from flint.devices import load_device
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import SEND_RECV, NcclModel, Placement
+from flint.step.nccl import SEND_RECV, NcclModel, Placement, release_tuner
 from flint.step.network import network_for
-from flint.step.network_files import load_network_file
+from flint.step.network_files import load_network_file, network_toml
 
 MIB, GIB = 2**20, 2**30
 NODE = NcclModel(network_for("hgx", [("tensor", 8)]))
@@ -165,6 +165,21 @@ def test_nvls_tree_takes_the_tree_correction_on_every_architecture_and_host():
     assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(77.3 + GIB / 2 / (0.9 * bandwidth))
     hopper = TWO_NODES.choose(pb.ALL_REDUCE, GIB // 2, shape)
     assert hopper.micros == pytest.approx(77.3 + GIB / 2 / (0.9 * 8 * 57.7 * 16 / 30 * 1e3))
+    # as NCCL's tuners predict it: corrected on these Intel hosts from 2.29.2, not on Grace's or
+    # before (2.28.9: the same caps on 2 nodes), not on Hopper
+    predicted = {(name, release): nvls_tree_bandwidth(m, GIB // 2, shape, release)
+                 for name, m in (("intel", model), ("grace", grace), ("hopper", TWO_NODES))
+                 for release in ("2.28.9", "2.29.2")}
+    assert predicted["intel", "2.29.2"] == pytest.approx(0.9 * predicted["intel", "2.28.9"])
+    assert predicted["intel", "2.28.9"] == pytest.approx(bandwidth / 1e3)
+    assert predicted["grace", "2.29.2"] == predicted["grace", "2.28.9"] == predicted["intel", "2.28.9"]
+    assert predicted["hopper", "2.29.2"] == pytest.approx(8 * 57.7 * 16 / 30)
+
+
+def nvls_tree_bandwidth(model: NcclModel, total: int, shape: Placement, release: str) -> float:
+    """NVLS-Tree's algorithm bandwidth (GB/s) as NCCL `release`'s tuner predicts it."""
+    found = {(a, p): bw for a, p, _, bw in model.candidates(pb.ALL_REDUCE, total, shape, release_tuner(release))}
+    return found["NVLS-Tree", "Simple"]
 
 
 def test_nccls_per_channel_caps_count_its_channels_between_nodes():
@@ -213,6 +228,109 @@ def test_a_forced_algorithm_and_protocol_are_what_nccl_algo_and_nccl_proto_hold_
     assert ll128.micros == pytest.approx(40.6 + GIB / (0.92 * 370.8 * 8 / 14 * 1e3))
     with pytest.raises(FlintError, match="NCCL has no NVLS LL here"):
         NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1), algorithm="NVLS", protocol="LL")
+
+
+def four_nodes(release: str | None) -> NcclModel:
+    """hgx over 4 nodes, with NCCL `release`'s tuner picking (None: Flint's fastest)."""
+    model = NcclModel(network_for("hgx", [("data", 4), ("tensor", 8)]))
+    return NcclModel(replace(model.network, cluster=replace(model.cluster, nccl=release)))
+
+
+def test_a_release_runs_what_its_own_tuner_predicts_fastest():
+    """4 nodes of 8 H100, 2 MiB (log2(2 MiB / 64) = 15: corrections LL128 0.6, Simple 0.6).
+    - Tree LL128, as Flint times it and every tuner predicts it: 14 + 2(7 x 1.25 + 2 x 8.5) = 65.5
+      µs, and min(0.92 x 370.8, 8 channels x 36.0) x 120/128, at most 8 x 29.0 = 232 GB/s, / 2 x
+      0.6: 65.5 + 2 MiB / 69.6 GB/s = 95.63 µs.
+    - NVLS-Tree as Flint times it: 35.5 + 4 x 20.9 = 119.1 µs, min(480, 8 x 47, 8 x 45.5) = 364 x
+      32 / 62 x 0.6: 137.7 µs. Flint's fastest is Tree LL128.
+    - NCCL 2.26.2's tuner (before 2.28): 25 + 4 x 14 = 81 µs; the NVLS graph's 480 / (2 x 0.85 x
+      7/8) = 322.7 GB/s, the NICs' 376 halved beyond 2 nodes, so 188 x 5/6, uncorrected: 81 + 2 MiB
+      / 156.7 GB/s = 94.4 µs, below Tree LL128's 95.63: it runs NVLS-Tree, which takes Flint's
+      137.7 µs (NCCL 2.26.2 measured 132.2 on such nodes, nccl-tests issue 309). At 1 MiB its
+      81 + 6.7 = 87.7 is above Tree LL128's 65.5 + 15.1 = 80.6: Tree.
+    - NCCL 2.30.7's tuner: 25 + 4 x 20.9 = 108.6 µs + 2 MiB / (364 x 32 / 62) = 119.8: Tree."""
+    size, shape = 2 * MIB, Placement(32, 4)
+    tree = 65.5 + size / (232 / 2 * 0.6 * 1e3)
+    assert tree == pytest.approx(95.63, abs=0.01)
+    nvls_tree = 119.1 + size / (364 * 32 / 62 * 0.6 * 1e3)
+    tuner_2_26 = 81 + size / (min(480 / (2 * 0.85 * 7 / 8), 8 * 47 / 2) * 5 / 6 * 1e3)
+    assert tuner_2_26 == pytest.approx(94.4, abs=0.05) and tuner_2_26 < tree
+    assert 108.6 + size / (364 * 32 / 62 * 1e3) > tree
+    for release, algorithm, micros in ((None, "Tree", tree), ("2.26.2", "NVLS-Tree", nvls_tree),
+                                       ("2.30.7", "Tree", tree)):
+        choice = four_nodes(release).choose(pb.ALL_REDUCE, size, shape)
+        assert (choice.algorithm, choice.micros) == (algorithm, pytest.approx(micros)), release
+    smaller = four_nodes("2.26.2").choose(pb.ALL_REDUCE, MIB, shape)
+    assert (smaller.algorithm, smaller.protocol) == ("Tree", "LL128")
+    assert smaller.micros == pytest.approx(65.5 + MIB / (232 / 2 * 0.6 * 1e3))
+
+
+def test_simulate_times_what_the_network_files_release_runs(tmp_path):
+    """The hgx file naming NCCL 2.26.2: flint simulate of one 2 MiB all-reduce over 32 ranks (4
+    nodes) takes NVLS-Tree's 137.7 µs (above), and says whose tuner picked; hgx itself Tree
+    LL128's 95.63."""
+    traces = one_collective(tmp_path / "one", [list(range(32))], pb.ALL_REDUCE, 2 * MIB)
+    path = tmp_path / "hgx-2.26.toml"
+    path.write_text((NETWORKS / "hgx.toml").read_text().replace('cpu = "intel"', 'cpu = "intel"\nnccl = "2.26.2"'))
+    older = json.loads(flint("simulate", traces, "--network", str(path), "--json", "-o", tmp_path / "a").stdout)
+    assert older["network"]["nccl"] == "2.26.2"
+    assert older["step_us"] == pytest.approx(119.1 + 2 * MIB / (364 * 32 / 62 * 0.6 * 1e3))
+    newest = json.loads(flint("simulate", traces, "--json", "-o", tmp_path / "b").stdout)
+    assert newest["network"]["nccl"] is None
+    assert newest["step_us"] == pytest.approx(65.5 + 2 * MIB / (232 / 2 * 0.6 * 1e3))
+    assert "NCCL 2.26.2's tuner picks" in flint("simulate", traces, "--network", str(path), "-o", tmp_path / "c").stdout
+
+
+def test_each_release_takes_its_tables_from_its_own_tuning_cc():
+    """NVIDIA/nccl src/graph/tuning.cc at each tag: NVLS-Tree's network hop 14 µs up to 2.28.7, 20.9
+    from 2.28.9; NVLS-Tree corrected on Blackwell with x86 hosts from 2.29.2; the NVLS formula of
+    before 2.28 up to 2.27.7; Blackwell's Tree caps per channel 2 x Hopper's (77.4, 82.8, 72.0) up
+    to 2.27.7, then 70.0, 42.8, 24.0; its NVLS-Tree caps 43.1 (2.28.3 and 2.28.7), 43.8 (2.28.9 to
+    2.29.7), 80.0 (2.30); before 2.25 it took Hopper's Tree caps (38.7, 41.4, 36.0)."""
+    expected = {"2.24.3": (14.0, False, True, [38.7, 41.4, 36.0]), "2.27.7": (14.0, False, True, [77.4, 82.8, 72.0]),
+                "2.28.7": (14.0, False, False, [70.0, 42.8, 24.0]), "2.28.9": (20.9, False, False, [70.0, 42.8, 24.0]),
+                "2.29.2": (20.9, True, False, [70.0, 42.8, 24.0]), "2.30.7": (20.9, True, False, [70.0, 42.8, 24.0])}
+    for release, (hop, corrected, before, tree) in expected.items():
+        tuner = release_tuner(release)
+        settings = (tuner.nvls_tree_net_hop_us, tuner.nvls_tree_corrected, tuner.nvls_before_2_28)
+        assert settings == (hop, corrected, before), release
+        assert tuner.architecture["blackwell"]["tree_per_channel_gbps"] == tree, release
+        assert tuner.architecture["hopper"]["tree_per_channel_gbps"] == [38.7, 41.4, 36.0]
+    caps = {r: release_tuner(r).architecture["blackwell"]["nvls_tree_per_channel_gbps"][2]
+            for r in ("2.28.3", "2.28.7", "2.28.9", "2.29.7", "2.30.3")}
+    assert caps == {"2.28.3": 43.1, "2.28.7": 43.1, "2.28.9": 43.8, "2.29.7": 43.8, "2.30.3": 80.0}
+
+
+def test_no_release_runs_nvls_before_hopper():
+    """NCCL's search finds no NVLS graph below compute capability 9.0, so a file that gives an
+    Ampere node NVLS bandwidths still runs its ring under a release's tuner: 1 GiB on one node,
+    Ring Simple, 8.4 + 14 x 3.4 µs + 1 GiB / (370.8 x 8 / 14); Flint's fastest would be NVLS."""
+    ampere = replace(NODE.cluster, architecture="ampere")
+    fastest = NcclModel(replace(NODE.network, cluster=ampere)).choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
+    assert fastest.algorithm == "NVLS"
+    for release in ("2.26.2", "2.30.7"):
+        tuned = NcclModel(replace(NODE.network, cluster=replace(ampere, nccl=release)))
+        choice = tuned.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
+        assert (choice.algorithm, choice.protocol) == ("Ring", "Simple")
+        assert choice.micros == pytest.approx(8.4 + 14 * 3.4 + GIB / (370.8 * 8 / 14 * 1e3))
+
+
+def test_a_network_file_names_the_nccl_its_cluster_runs(tmp_path):
+    """`nccl` takes a release or a minor version (its newest release), is written back as the
+    release, and refuses one Flint has no tuner of in one line that lists those it has."""
+    path = tmp_path / "net.toml"
+    body = '[node]\ngpus = 8\nbus_gbps = 370.8\n'
+    path.write_text(f'name = "mine"\nnccl = "2.26"\n{body}')
+    network = load_network_file(path)
+    assert network.nccl == "2.26.6"
+    assert 'nccl = "2.26.6"' in network_toml(network, "mine")
+    path.write_text(f'name = "mine"\nnccl = "2.23.4"\n{body}')
+    with pytest.raises(FlintError, match=r"is not valid: nccl is '2.23.4': Flint has the tuners of NCCL "
+                                         r"2.24.3 to 2.30.7 \(2.24.3, 2.25.1, 2.26.2, .*\); give one of those"):
+        load_network_file(path)
+    traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, MIB)
+    run = flint("simulate", traces, "--network", str(path), "-o", tmp_path / "s")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
 
 
 def test_many_nodes_keep_a_small_all_reduce_to_tens_of_microseconds():
@@ -355,8 +473,8 @@ NETWORKS = ROOT / "src" / "flint" / "step" / "networks"
 
 
 @pytest.mark.parametrize("right, typo, expected", [
-    ("[scale_out]", "[scaleout]", "unknown key or table 'scaleout': use name, architecture, cpu, node, scale_out, "
-                                  "sources"),
+    ("[scale_out]", "[scaleout]", "unknown key or table 'scaleout': use name, architecture, cpu, nccl, node, "
+                                  "scale_out, sources"),
     ("nvls_bus_gbps =", "nvls_bus_gbp =", "unknown [node] key 'nvls_bus_gbp': use gpus, link, bus_gbps, channels, "
                                           "nvls_bus_gbps, "),
     ("sharp =", "sharpe =", "unknown [scale_out] key 'sharpe': use nics, nic_gbps, channels, latency_us, sharp, "),

@@ -13,7 +13,7 @@ from flint.simulation.driver import Simulation
 
 def _fabric(simulation: Simulation) -> str:
     """The network as the engine that gave the step sees it: ASTRA-sim's dimensions, or the
-    network file's node and NICs that NCCL's model times on."""
+    network file's node and NICs that NCCL's model times on (and the NCCL release it names)."""
     network = simulation.inputs.network
     cluster = network.cluster
     if simulation.engine == "astra-sim" or simulation.collectives != "nccl" or cluster is None:
@@ -24,6 +24,8 @@ def _fabric(simulation: Simulation) -> str:
     if cluster.scale_out is not None:
         out = cluster.scale_out
         text += f"; {out.nics} NICs a node at {out.nic_gbps:g} GB/s{', SHARP' if out.sharp else ''}"
+    if cluster.nccl is not None:
+        text += f"; NCCL {cluster.nccl}'s tuner picks"
     return text
 
 

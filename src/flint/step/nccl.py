@@ -12,6 +12,12 @@ an all-gather's output, a reduce-scatter's input):
 NCCL chooses by that time with every channel launched; its runtime then launches fewer for a small
 Ring or Tree collective (see `_launched_share`), which the time counts.
 
+**Which runs.** By default the fastest by these times. Where the network file names the NCCL
+release the cluster runs (`nccl`), what that release's tuner predicts fastest (`Tuner`: NCCL's own
+constants where Flint fitted its own, no size correction of NVLS but NVLS-Tree's on Blackwell with
+x86 hosts from 2.29.2, the release's tables, and before 2.28 its NVLS formula), timed as above:
+releases differ in where they leave the tree for NVLS-Tree, and the measured runs follow their own.
+
 **Bandwidths.** The bus bandwidth B of the fabric a step crosses: the node's `bus_gbps` inside one
 node; between nodes the least of it and the NICs of the group's GPUs (ppn x nics / gpus x
 nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
@@ -77,17 +83,15 @@ Concurrent collectives do not slow each other down (NCCL's model does not model 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import resources
-
-import tomllib
 
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import Network
-from flint.step.network_files import CONSTANTS, FOLDER, NetworkFile
+from flint.step.network_files import NetworkFile, nccl_constants
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLS-Tree", "CollNet", "PAT")
@@ -100,12 +104,41 @@ SEND_RECV = -1
 each rank sending to the next)."""
 
 
-def _constants() -> dict:
-    return tomllib.loads((resources.files(__package__) / FOLDER / CONSTANTS).read_text())
-
-
-NCCL = _constants()
+NCCL = nccl_constants()
 """NCCL's tuner constants (`networks/nccl.toml`)."""
+NVLS_RATIO_BEFORE_2_28 = 5 / 6
+"""NVLS's and NVLS-Tree's algorithm bandwidth per bus bandwidth in NCCL's tuner before 2.28
+(tuning.cc: ratio *= 5.0/6.0)."""
+
+
+@dataclass(frozen=True)
+class Tuner:
+    """What one NCCL release's tuner predicts a collective's time with, where that differs from
+    how Flint times it: NCCL's own constants where Flint fitted its own to measured runs (NVLS's
+    latency, a Simple ring's step inside a node, LL128's share of a ring), NVLS's bandwidth without
+    the size correction Flint gives it, and the release's tables and NVLS formula (`nccl.toml`'s
+    [[release]]). NCCL runs what this predicts fastest, whether or not it is."""
+
+    release: str
+    architecture: dict
+    nvls_tree_net_hop_us: float
+    nvls_tree_corrected: bool
+    nvls_before_2_28: bool
+
+
+@functools.cache
+def release_tuner(release: str) -> Tuner:
+    """The tuner of NCCL `release` (one `nccl.toml` lists): 2.30.7's constants, then each newer
+    release's changes back to it."""
+    architecture = {name: dict(table) for name, table in NCCL["architecture"].items()}
+    settings: dict = {}
+    for entry in NCCL["release"]:
+        settings.update({k: v for k, v in entry.items() if k not in ("version", "architecture")})
+        for name, table in entry.get("architecture", {}).items():
+            architecture[name].update(table)
+        if entry["version"] == release:
+            return Tuner(release, architecture, **settings)
+    raise FlintError(f"Flint has no tuner of NCCL {release}: give a release that nccl.toml lists")
 
 
 @dataclass(frozen=True)
@@ -199,13 +232,21 @@ class NcclModel:
             raise FlintError(f"NCCL has no {forced_name(algorithm, protocol)} here for this collective: "
                              "choose another algorithm or protocol")
         # the tuner's pick, timed as if every channel ran; then the time on the channels launched
-        name, proto, latency, bandwidth = min(options, key=lambda o: o[2] + total / (o[3] * 1e3))
+        tuner = release_tuner(self.cluster.nccl) if self.cluster.nccl else None
+        if tuner is None:  # the fastest by Flint's own times
+            name, proto, latency, bandwidth = min(options, key=lambda o: o[2] + total / (o[3] * 1e3))
+        else:
+            predicted = {(a, p): lat + total / (bw * 1e3)
+                         for a, p, lat, bw in self.candidates(comm_type, total, shape, tuner) if bw > 0}
+            name, proto, latency, bandwidth = min(options, key=lambda o: predicted.get(o[:2], math.inf))
         share = self._launched_share(name, proto, total, shape)
         return Choice(name, proto, latency + total / (bandwidth * share * 1e3))
 
-    def candidates(self, comm_type: int, total: int, shape: Placement) -> list[tuple[str, str, float, float]]:
+    def candidates(self, comm_type: int, total: int, shape: Placement,
+                   tuner: Tuner | None = None) -> list[tuple[str, str, float, float]]:
         """(algorithm, protocol, latency µs, algorithm bandwidth GB/s) of everything NCCL can run
-        for this collective of `total` bytes (as NCCL counts them) on this group."""
+        for this collective of `total` bytes (as NCCL counts them) on this group: as Flint times
+        them, or as `tuner` predicts them."""
         found = []
         for algorithm in self._algorithms(comm_type, shape):
             for protocol in PROTOCOLS:
@@ -213,10 +254,10 @@ class NcclModel:
                     continue
                 if protocol == "LL128" and not self._ll128():
                     continue
-                bus = self._bus(algorithm, protocol, shape)
-                bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape)
-                found.append((algorithm, protocol, self._latency(algorithm, protocol, comm_type, total, shape),
-                              bandwidth))
+                bus = self._bus(algorithm, protocol, shape, tuner)
+                bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape, tuner)
+                found.append((algorithm, protocol,
+                              self._latency(algorithm, protocol, comm_type, total, shape, tuner), bandwidth))
         return found
 
     def _launched_share(self, algorithm: str, protocol: str, total: int, shape: Placement) -> float:
@@ -299,8 +340,8 @@ class NcclModel:
         kept = out.nic_gbps < 25 or (self.cluster.architecture != "ampere" and out.nic_gbps < 50 and channels > 4)
         return channels if algorithm == "NVLS-Tree" or kept else 2 * channels
 
-    def _bus(self, algorithm: str, protocol: str, shape: Placement) -> float:
-        arch = NCCL["architecture"][self.cluster.architecture]
+    def _bus(self, algorithm: str, protocol: str, shape: Placement, tuner: Tuner | None) -> float:
+        arch = (tuner.architecture if tuner else NCCL["architecture"])[self.cluster.architecture]
         column, channels = self._column(shape), self._channels(algorithm, shape)
         if shape.nodes == 1:
             ll_max = arch["ll_max_gbps"][0]
@@ -311,7 +352,7 @@ class NcclModel:
             if protocol == "LL":
                 return min(ll_max, fabric * 0.5)
             if protocol == "LL128":
-                fraction = self.cluster.node.ll128_bus_fraction if shape.nodes == 1 else None
+                fraction = self.cluster.node.ll128_bus_fraction if shape.nodes == 1 and tuner is None else None
                 return min(fabric * (0.92 if fraction is None else fraction),
                            channels * arch["ring_ll128_per_channel_gbps"][column])
             return fabric
@@ -323,6 +364,11 @@ class NcclModel:
                 return min(bus * 120 / 128, channels * arch["tree_ll128_per_channel_gbps"][column])
             return bus
         nvls = self.cluster.node.nvls_bus(shape.ppn) if self.cluster.node.nvls else 0.0
+        if tuner is not None and algorithm in ("NVLS", "NVLS-Tree"):
+            if not NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]:
+                return 0.0  # before Hopper NCCL finds no NVLS graph (search.cc), whatever the file says
+            if tuner.nvls_before_2_28:
+                return self._nvls_bus_before_2_28(algorithm, nvls, shape)
         if algorithm == "NVLS":
             return nvls if shape.nodes == 1 else min(nvls, shape.ppn * self._nic_share())
         if algorithm == "NVLS-Tree":
@@ -332,32 +378,60 @@ class NcclModel:
             return fabric * 0.85
         return fabric * 0.75  # PAT
 
+    def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, shape: Placement) -> float:
+        """NVLS's and NVLS-Tree's bus bandwidth as NCCL's tuner before 2.28 predicts it: the NVLS
+        graph's channels times the least of its speed in the node and between nodes (for
+        NVLS-Tree beyond 2 nodes half that). From 2.28 the node's part is nChannels x bwIntra x
+        nvlsEfficiency x (nChannels - 1) / nChannels x 2 for an all-reduce, which `nvls_bus_gbps`
+        (measured) stands for; so nChannels x bwIntra is that over the rest, with one channel per
+        GPU of the node (search.cc: NVLS's graph has a head per GPU). On 8x H100, 480 GB/s gives
+        323 (NCCL's search: 8 channels of 40)."""
+        gpus = math.ceil(shape.ppn)
+        efficiency = NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]
+        intra = nvls / (2 * efficiency * (gpus - 1) / gpus)
+        if shape.nodes == 1:
+            return intra
+        nics = shape.ppn * self._nic_share()
+        return min(intra, nics / 2 if algorithm == "NVLS-Tree" and shape.nodes > 2 else nics)
+
     def _algorithm_bandwidth(self, bus: float, algorithm: str, protocol: str, comm_type: int, total: int,
-                             shape: Placement) -> float:
-        if algorithm in ("Ring", "NVLS", "NVLS-Tree"):
+                             shape: Placement, tuner: Tuner | None) -> float:
+        if algorithm in ("NVLS", "NVLS-Tree") and tuner is not None and tuner.nvls_before_2_28:
+            bandwidth = bus * NVLS_RATIO_BEFORE_2_28
+        elif algorithm in ("Ring", "NVLS", "NVLS-Tree"):
             bandwidth = bus * shape.ranks / _steps(comm_type, shape.ranks)
         elif algorithm == "PAT":
             bandwidth = bus
         else:
             bandwidth = bus * 0.5
-        if algorithm in ("Tree", "NVLS", "NVLS-Tree"):
+        if self._corrected(algorithm, tuner):
             log_size = int(math.log2(total >> 6)) if total >= 64 else -1
             entries = 23 if algorithm == "Tree" else 24  # NCCL's: below 512 MB, below 1 GB
             if 0 <= log_size < entries:
                 bandwidth *= NCCL["tree_correction"][protocol.lower()][log_size]
         return bandwidth
 
+    def _corrected(self, algorithm: str, tuner: Tuner | None) -> bool:
+        """Whether the tree correction by size applies: to Tree; in Flint's times to NVLS and
+        NVLS-Tree too; in NCCL's tuner to NVLS-Tree on Blackwell with x86 hosts, from 2.29.2."""
+        if algorithm == "Tree" or (tuner is None and algorithm in ("NVLS", "NVLS-Tree")):
+            return True
+        return (tuner is not None and algorithm == "NVLS-Tree" and tuner.nvls_tree_corrected
+                and self.cluster.architecture == "blackwell" and self.cluster.cpu != "other")
+
     # -- latencies ---------------------------------------------------------------------------------
 
-    def _latency(self, algorithm: str, protocol: str, comm_type: int, total: int, shape: Placement) -> float:
+    def _latency(self, algorithm: str, protocol: str, comm_type: int, total: int, shape: Placement,
+                 tuner: Tuner | None) -> float:
         key, p = _KEYS[algorithm], PROTOCOLS.index(protocol)
         base = NCCL["base_latency_us"][key][p]
         hops = NCCL["hop_latency_us"]
         intra = hops[self.cluster.node.link][key][p]
-        inter = self._inter(key, p, shape)
+        inter = self._inter(key, p, shape, tuner)
         n, nodes, ppn = shape.ranks, shape.nodes, shape.ppn
         if algorithm == "Ring":
-            if protocol == "Simple" and nodes == 1 and self.cluster.node.ring_simple_hop_us is not None:
+            if (protocol == "Simple" and nodes == 1 and tuner is None
+                    and self.cluster.node.ring_simple_hop_us is not None):
                 intra = self.cluster.node.ring_simple_hop_us
             steps = _steps(comm_type, n)
             if comm_type == pb.BROADCAST:
@@ -375,19 +449,23 @@ class NcclModel:
         log_nodes = int(math.log2(nodes))
         if algorithm == "Tree":
             return base + 2 * ((ppn - 1) * intra + log_nodes * inter)
+        nvls = self.cluster.node.nvls_latency_us if tuner is None else intra  # NCCL's: its hwLatency
         if algorithm == "NVLS":
-            return self.cluster.node.nvls_latency_us + (inter if nodes > 1 else 0.0)
+            return nvls + (inter if nodes > 1 else 0.0)
         if algorithm == "NVLS-Tree":
-            return base + self.cluster.node.nvls_latency_us + 2 * log_nodes * inter
+            return base + nvls + 2 * log_nodes * inter
         if algorithm == "CollNet":
             return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
         return base + log_nodes * inter / 3.5 + n * 2.8  # PAT
 
-    def _inter(self, key: str, p: int, shape: Placement) -> float:
+    def _inter(self, key: str, p: int, shape: Placement, tuner: Tuner | None = None) -> float:
         """One step between nodes: NCCL's network hop for the algorithm (the Tree's with one GPU
-        per node) and the network's latency (twice for Simple, which flushes)."""
+        per node; NVLS-Tree's as `tuner`'s release has it) and the network's latency (twice for
+        Simple, which flushes)."""
         hops = NCCL["hop_latency_us"]["net"]
         inter = hops["tree" if shape.ppn == 1 else key][p]
+        if tuner is not None and key == "nvls_tree" and shape.ppn != 1:
+            inter = tuner.nvls_tree_net_hop_us
         network = self.cluster.scale_out.latency_us if self.cluster.scale_out else 0.0
         return inter + network * (2 if PROTOCOLS[p] == "Simple" else 1)
 

@@ -120,7 +120,8 @@ class Network:
         return tuple(coords)
 
     def as_json(self) -> dict:
-        return {"name": self.name, "dimensions": [d.as_json() for d in self.dimensions]}
+        return {"name": self.name, "nccl": self.cluster.nccl if self.cluster else None,
+                "dimensions": [d.as_json() for d in self.dimensions]}
 
 
 def _describe(dim: Dimension) -> str:

@@ -17,14 +17,17 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
   `latencyInter`), and `sharp` where the scale-out switches reduce (CollNet).
 
 `architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other: not x86) pick NCCL's
-constants (`networks/nccl.toml`). Each tier also gives the link bandwidth and hop latency
-ASTRA-sim's analytical backend is handed (`astra_sim_gbps`, `astra_sim_latency_ns`):
-`flint.step.network` lays those out over the mesh. `flint calibrate --network` writes a file of
-this form.
+constants (`networks/nccl.toml`). `nccl` (a release, such as "2.26.2", or a minor version, "2.26",
+for its newest release; absent: none) is the NCCL the cluster runs: its tuner then picks each
+collective's algorithm and protocol as that release would, and Flint times it (`flint.step.nccl`).
+Each tier also gives the link bandwidth and hop latency ASTRA-sim's analytical backend is handed
+(`astra_sim_gbps`, `astra_sim_latency_ns`): `flint.step.network` lays those out over the mesh.
+`flint calibrate --network` writes a file of this form.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 from importlib import resources
@@ -42,7 +45,7 @@ CONSTANTS = "nccl.toml"
 ARCHITECTURES = ("ampere", "hopper", "blackwell")
 CPUS = ("intel", "amd", "other")
 LINKS = ("nvlink", "pci")
-TOP_LEVEL = ("name", "architecture", "cpu", "node", "scale_out", "sources")
+TOP_LEVEL = ("name", "architecture", "cpu", "nccl", "node", "scale_out", "sources")
 """A network file's keys and tables."""
 
 
@@ -94,7 +97,8 @@ def channels_per_nic(nics: int, node: NodeTier) -> float:
 @dataclass(frozen=True)
 class NetworkFile:
     """A cluster's fabric: its node, the network between nodes (None: one node), NCCL's constants'
-    `architecture` and `cpu`, and each number's source."""
+    `architecture` and `cpu`, the NCCL release whose tuner picks (None: the fastest by Flint's
+    times), and each number's source."""
 
     name: str
     architecture: str
@@ -102,9 +106,26 @@ class NetworkFile:
     node: NodeTier
     scale_out: ScaleOut | None = None
     sources: tuple[tuple[str, str], ...] = ()
+    nccl: str | None = None
 
     def with_sources(self, **sources: str) -> NetworkFile:
         return replace(self, sources=tuple(sorted({**dict(self.sources), **sources}.items())))
+
+
+@functools.cache
+def nccl_constants() -> dict:
+    """NCCL's tuner constants and releases (`networks/nccl.toml`)."""
+    return tomllib.loads((resources.files(__package__) / FOLDER / CONSTANTS).read_text())
+
+
+def nccl_release(version: str) -> str:
+    """The release of NCCL `version` names: itself, or for a minor version ("2.26") its newest."""
+    releases = [entry["version"] for entry in nccl_constants()["release"]]
+    found = [r for r in releases if version in (r, r.rsplit(".", 1)[0])]
+    if not found:
+        raise ValueError(f"nccl is {version!r}: Flint has the tuners of NCCL {releases[-1]} to {releases[0]} "
+                         f"({', '.join(reversed(releases))}); give one of those, or leave nccl out")
+    return found[0]
 
 
 def _builtin() -> dict[str, NetworkFile]:
@@ -164,6 +185,7 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             name=str(data["name"]),
             architecture=_choice(data, "architecture", ARCHITECTURES, "hopper"),
             cpu=_choice(data, "cpu", CPUS, "other"),
+            nccl=nccl_release(str(data["nccl"])) if "nccl" in data else None,
             node=tier,
             scale_out=scale_out,
             sources=sources_field(data),
@@ -178,7 +200,10 @@ def network_toml(network: NetworkFile, header: str) -> str:
     """The file of `network`, as `parse_network` reads it back."""
     node, out = network.node, network.scale_out
     lines = [f"# {_escaped(header)}", f"name = {toml_string(network.name)}",
-             f"architecture = {toml_string(network.architecture)}", f"cpu = {toml_string(network.cpu)}", "", "[node]"]
+             f"architecture = {toml_string(network.architecture)}", f"cpu = {toml_string(network.cpu)}"]
+    if network.nccl is not None:
+        lines.append(f"nccl = {toml_string(network.nccl)}")
+    lines += ["", "[node]"]
     if node.gpus is not None:
         lines.append(f"gpus = {node.gpus}")
     lines += [f"link = {toml_string(node.link)}", f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
