@@ -24,10 +24,11 @@
 4. Thirteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
    one to 128 nodes of 8 H100, two nodes of 8 A100, one, two and twenty GB200 NVL72 racks) and
    four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
-   H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted:
-   one line per size, then each run's worst and median ratio by size band and its largest size's
-   bus bandwidth; then, where two or more published runs share a placement (those of 1. and 3.
-   among them), the range they span at each size and where Flint falls in it.
+   H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted,
+   those that state an NCCL release from 2.24.3 on with its tuner choosing (`nccl`): one line per
+   size, then each run's worst and median ratio by size band and its largest size's bus
+   bandwidth; then, where two or more published runs share a placement (those of 1. and 3. among
+   them), the range they span at each size and where Flint's fastest falls in it.
 5. Runs of one cluster at two sizes (`transfer.toml`): `flint calibrate --network` fitted to the
    smaller, the larger beside the network before and after the fit: how far a fit on a small
    allocation carries to more nodes (worst and median ratio by size band).
@@ -50,7 +51,7 @@ from flint.analysis.calibrate_network import calibrate_network, modelled, placem
 from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, read_nccl_tests
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import Placement, forced_name
-from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file
+from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file, nccl_release
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 10**9
@@ -168,9 +169,12 @@ def fitted_runs(folder: Path) -> list[tuple[dict, NcclTestsRun]]:
 
 
 def held_network(entry: dict) -> NetworkFile:
-    """A held-out run's network: its built-in file, with the channels between nodes the run set
-    (`channels`, where NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
+    """A held-out run's network: its built-in file, with the NCCL release the run states (`nccl`:
+    its tuner picks the algorithms) and the channels between nodes the run set (`channels`, where
+    NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
     network = BUILTIN_NETWORKS[entry["network"]]
+    if "nccl" in entry:
+        network = replace(network, nccl=nccl_release(entry["nccl"]))
     if "channels" not in entry:
         return network
     return replace(network, scale_out=replace(network.scale_out, channels=entry["channels"]))
@@ -250,7 +254,7 @@ def transfers(folder: Path) -> None:
           " Flint / NCCL time")
     print(f"{'fitted to':<52} {'checked on':<52} {'band':>12} {'before':>11} {'after':>11}")
     for pair in tomllib.loads((folder / "transfer.toml").read_text())["pair"]:
-        base = BUILTIN_NETWORKS[pair["network"]]
+        base = held_network(pair)
         small, large = ((read_nccl_tests(folder / part["file"]), part["ranks"], part["nodes"])
                         for part in (pair["fit"], pair["check"]))
         fit = calibrate_network([small[0]], base, f"{base.name}-calibrated", small[1], small[2])
