@@ -329,6 +329,32 @@ def test_a_ring_across_nodes_faster_than_the_nodes_ring_names_it(tmp_path):
                    "node.bus_gbps (370.8) bounds Ring Simple: the run is faster than hgx can be")
 
 
+def test_under_an_older_releases_tuner_the_nics_fit_below_its_switch(tmp_path):
+    """Four hgx nodes of 8 whose NICs carry 46.1 GB/s, under NCCL 2.26.2's tuner (the network
+    file's nccl): 1 to 16 GiB run a Simple ring, whose bus bandwidth is the least of the node's
+    (370.8) and its 8 GPUs' NICs (368.8), after (8.4 + 56 x 3.4 + 6 x 14) x 1.4 µs (as above, 6
+    steps between nodes). 2.26.2 predicts NVLS-Tree at 5/6 x min(480 / (2 x 0.85 x 7/8), 8 x NIC
+    / 2) GB/s, so from 57.3 GB/s NICs on it runs that, which Flint times at 8 channels' cap (364):
+    slower than the ring, 91,564 µs at 16 GiB against the measured 90,650. The time is then not
+    falling everywhere as the NICs grow: the fit steps down from the file's 47 to the crossing,
+    where a bisection over the whole range ended at its top, above the switch, and refused."""
+    latency = (8.4 + 56 * 3.4 + 6 * 14) * 1.4
+    times = {size: latency + size / (8 * 46.1 * 32 / 62 * 1e3) for size in SIZES if size >= 2**30}
+    header = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} device  {r % 8} [0x1b] NVIDIA H100\n"
+                     for r in range(32))
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=header)
+    base = tmp_path / "hgx-2.26.toml"
+    shipped = (resources.files("flint.step") / "networks" / "hgx.toml").read_text()
+    base.write_text(shipped.replace('cpu = "intel"', 'cpu = "intel"\nnccl = "2.26.2"'))
+    run = flint("calibrate", "--network", base, measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert fit["fitted"] == {"scale_out.nic_gbps": pytest.approx(46.1, rel=0.001),
+                             "scale_out.latency_us": pytest.approx(0, abs=0.05)}
+    assert {(row["algorithm"], row["protocol"]) for row in fit["runs"][0]["rows"]} == {("Ring", "Simple")}
+    assert load_network_file(tmp_path / "f.toml").nccl == "2.26.2"
+
+
 @pytest.mark.parametrize("forced", [["--algorithm", "Tree"], ["--algorithm", "nvls", "--protocol", "LL"]])
 def test_an_algorithm_nccl_does_not_have_there_is_refused_naming_the_run(tmp_path, forced):
     """NCCL runs no Tree within one node, and NVLS only with Simple (tuning.cc): a run said to be

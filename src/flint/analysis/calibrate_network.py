@@ -10,7 +10,8 @@ H100 nodes: 8 channels of 57.7 GB/s), a run faster than that fits the channels b
 bounds it past the caps. A ring across nodes measures the NICs even where the node's ring bandwidth
 is as low (as on hgx): a slower run is put down to them. In a node it is NVLS's bus bandwidth for
 that many GPUs, or the ring's. That number is set so that the largest size takes its measured time
-(runs that measure one number share it: their mean). The node's numbers are fitted before the NICs',
+(the value nearest the file's own, where a network's NCCL release runs a slower algorithm past some
+value; runs that measure one number share it: their mean). The node's numbers are fitted before the NICs',
 so that a one-node run given beside runs across nodes sets the node the NICs are fitted on. Runs
 made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm or protocol (`algorithm`,
 `protocol`): nccl-tests' output does not record them, and NCCL's choice would time another algorithm
@@ -84,6 +85,10 @@ CHANNELS = "scale_out.channels"
 only to a run faster than they allow."""
 UNCAPPED = 1e6
 """Channels enough that no per-channel cap binds."""
+BANDWIDTH_RANGE = (1e-3, 1e5)
+"""What a fitted bandwidth (GB/s) or count of channels may take."""
+BANDWIDTH_STEP = 1.05
+"""The factor a bandwidth's fit moves from the file's value by until the time crosses the measured."""
 ROUNDS = 20
 """At most this many turns of fitting those numbers and then the bandwidths."""
 SAME_MISFIT = 1e-12
@@ -373,12 +378,23 @@ def _parameter(network: NetworkFile, one: PlacedRun) -> str:
 
 def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[PlacedRun]) -> NetworkFile:
     """`parameter` set to the mean over `runs` of the value at which each largest size takes its
-    measured time (bisection: the time falls as the bandwidth grows)."""
+    measured time, the one nearest the network's own: from it, in steps of 5% down or up until the
+    time crosses the measured one (at most to 10^-3 and 10^5), then bisected. The time falls as the
+    bandwidth grows, except where an NCCL release's tuner then moves to a slower algorithm (2.26's
+    to NVLS-Tree across 4 nodes once the NICs carry 57 GB/s, a quarter more than the node's ring
+    needs): a bisection over the whole range, or steps that double, would end past that switch,
+    where no value gives the measured time."""
     values = []
     for one in runs:
         largest = one.run.largest
         time = _timer(network, parameter, one, largest.size)
-        low, high = 1e-3, 1e5
+        low = high = min(max(_get(network, parameter), BANDWIDTH_RANGE[0]), BANDWIDTH_RANGE[1])
+        if time(low) > largest.micros:  # too slow: more of it
+            while time(high) > largest.micros and high < BANDWIDTH_RANGE[1]:
+                low, high = high, min(high * BANDWIDTH_STEP, BANDWIDTH_RANGE[1])
+        else:
+            while time(low) <= largest.micros and low > BANDWIDTH_RANGE[0]:
+                low, high = max(low / BANDWIDTH_STEP, BANDWIDTH_RANGE[0]), low
         for _ in range(100):
             middle = math.sqrt(low * high)
             low, high = (middle, high) if time(middle) > largest.micros else (low, middle)
