@@ -91,7 +91,7 @@ from dataclasses import dataclass, field
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import Network
-from flint.step.network_files import NetworkFile, nccl_constants
+from flint.step.network_files import X86, NetworkFile, nccl_constants
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLS-Tree", "CollNet", "PAT")
@@ -417,7 +417,7 @@ class NcclModel:
         if algorithm == "Tree" or (tuner is None and algorithm in ("NVLS", "NVLS-Tree")):
             return True
         return (tuner is not None and algorithm == "NVLS-Tree" and tuner.nvls_tree_corrected
-                and self.cluster.architecture == "blackwell" and self.cluster.cpu != "other")
+                and self.cluster.architecture == "blackwell" and self.cluster.cpu in X86)
 
     # -- latencies ---------------------------------------------------------------------------------
 

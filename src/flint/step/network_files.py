@@ -44,6 +44,8 @@ CONSTANTS = "nccl.toml"
 """NCCL's constants, beside the network files and not one of them."""
 ARCHITECTURES = ("ampere", "hopper", "blackwell")
 CPUS = ("intel", "amd", "other")
+X86 = ("intel", "amd")
+"""The CPUs NCCL knows as x86; `other` stands for the rest (Arm's Grace, POWER)."""
 LINKS = ("nvlink", "pci")
 TOP_LEVEL = ("name", "architecture", "cpu", "nccl", "node", "scale_out", "sources")
 """A network file's keys and tables."""
