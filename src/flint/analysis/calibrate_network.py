@@ -388,11 +388,13 @@ def _fit_bandwidth(network: NetworkFile, parameter: str, runs: Sequence[PlacedRu
     for one in runs:
         largest = one.run.largest
         time = _timer(network, parameter, one, largest.size)
-        low = high = min(max(_get(network, parameter), BANDWIDTH_RANGE[0]), BANDWIDTH_RANGE[1])
-        if time(low) > largest.micros:  # too slow: more of it
+        own = min(max(_get(network, parameter), BANDWIDTH_RANGE[0]), BANDWIDTH_RANGE[1])
+        if time(own) > largest.micros:  # too slow: more of it
+            low, high = own, min(own * BANDWIDTH_STEP, BANDWIDTH_RANGE[1])
             while time(high) > largest.micros and high < BANDWIDTH_RANGE[1]:
                 low, high = high, min(high * BANDWIDTH_STEP, BANDWIDTH_RANGE[1])
         else:
+            low, high = max(own / BANDWIDTH_STEP, BANDWIDTH_RANGE[0]), own
             while time(low) <= largest.micros and low > BANDWIDTH_RANGE[0]:
                 low, high = max(low / BANDWIDTH_STEP, BANDWIDTH_RANGE[0]), low
         for _ in range(100):
