@@ -206,6 +206,53 @@ def test_nccls_per_channel_caps_count_its_channels_between_nodes():
     assert one_each == pytest.approx(17.8 / 2)
 
 
+def nvl72_racks(racks: int, release: str | None = None) -> NcclModel:
+    """NVL72 racks, with NCCL `release`'s tuner picking (None: Flint's fastest)."""
+    model = NcclModel(network_for("nvl72", [("data", racks), ("tensor", 72)]))
+    return NcclModel(replace(model.network, cluster=replace(model.cluster, nccl=release)))
+
+
+def test_between_nodes_a_graph_reaches_one_nic_per_channel():
+    """NVL72: 72 GPUs a rack, each with a 47 GB/s NIC, but NCCL's graphs have 16 channels between
+    racks, each leaving through one NIC: 16 x 47 = 752 GB/s, not 72 x 47 = 3384. 16 GiB:
+    - 20 racks, NVLS-Tree: min(NVLS 845.4, 752, 16 x 80 (Blackwell's cap beyond 2 nodes)) = 752;
+    - 2 racks: the NICs counted twice (1504), so NVLS's 845.4 holds it;
+    - Ring Simple on 20 racks: min(the node's 721.8, 752) = 721.8."""
+    twenty, two = Placement(1440, 20), Placement(144, 2)
+    _, nvls_tree = candidate(nvl72_racks(20), pb.ALL_REDUCE, 16 * GIB, twenty, "NVLS-Tree", "Simple")
+    assert nvls_tree == pytest.approx(752 * 1440 / 2878)
+    _, two_racks = candidate(nvl72_racks(2), pb.ALL_REDUCE, 16 * GIB, two, "NVLS-Tree", "Simple")
+    assert two_racks == pytest.approx(845.4 * 144 / 286)
+    _, ring = candidate(nvl72_racks(20), pb.ALL_REDUCE, 16 * GIB, twenty, "Ring", "Simple")
+    assert ring == pytest.approx(721.8 * 1440 / 2878)
+
+
+def test_twenty_nvl72_racks_under_nccl_2_26_run_the_tree_at_its_blackwell_speed():
+    """CoreWeave's 20 NVL72 racks state NCCL 2.26.2 and reach 405 GB/s of bus bandwidth at 16 GiB,
+    about half of two racks' 821. NCCL 2.26.2's tuner, 1440 ranks on 20 racks (log2 20 = 4):
+    - NVLS-Tree: 25 + 2 x 4 x 14 = 137 µs; its graph's NVLS, 845.4 / (2 x 0.74 x 71/72) = 579.3,
+      against its 16 NICs' 752 halved beyond 2 nodes: 376 x 5/6 = 313.3 GB/s;
+    - Tree Simple: 8.4 + 2 (71 x 4.0 + 4 x 14) = 688.4 µs; min(0.92 x 721.8, 16 x 72.0 (2.26's
+      Blackwell cap)) / 2 = 332.0 GB/s.
+    At 2 GiB NVLS-Tree is predicted faster (6991 against 7156 µs), at 4 GiB the tree (13624
+    against 13844). Flint times that tree at 2.30.7's Blackwell cap beyond 2 nodes, 24 GB/s a
+    channel: 16 x 24 / 2 = 192 GB/s, so 16 GiB takes 688.4 + 16 GiB / 192 GB/s = 90,166.9 µs, 381
+    GB/s of bus bandwidth (measured 84,828 µs)."""
+    shape, model = Placement(1440, 20), nvl72_racks(20, "2.26.2")
+    nvls_tree = (137.0, 376 * 5 / 6)
+    tree = (688.4, min(0.92 * 721.8, 16 * 72.0) / 2)
+    assert 845.4 / (2 * 0.74 * 71 / 72) > 376
+    for size, algorithm in ((2 * GIB, "NVLS-Tree"), (4 * GIB, "Tree")):
+        by_tuner = {name: latency + size / (bandwidth * 1e3) for name, (latency, bandwidth)
+                    in (("NVLS-Tree", nvls_tree), ("Tree", tree))}
+        assert min(by_tuner, key=by_tuner.get) == algorithm
+        assert model.choose(pb.ALL_REDUCE, size, shape).algorithm == algorithm
+    choice = model.choose(pb.ALL_REDUCE, 16 * GIB, shape)
+    assert (choice.algorithm, choice.protocol) == ("Tree", "Simple")
+    assert choice.micros == pytest.approx(688.4 + 16 * GIB / (16 * 24.0 / 2 * 1e3))
+    assert choice.micros == pytest.approx(90166.9, abs=0.1)
+
+
 def test_a_ring_across_nodes_pays_the_network_per_step_and_the_nics():
     """Ring Simple on 2 nodes, 1 GiB: 30 steps, 2 of them between nodes: 8.4 + 28 x max(3.4, 3 x
     1.0) + 2 x 14 = 131.6 µs, x 1.4 for the ring's plateau; bus bandwidth min(370.8, 8 x 47)."""

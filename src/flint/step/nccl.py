@@ -20,7 +20,8 @@ releases differ in where they leave the tree for NVLS-Tree, and the measured run
 
 **Bandwidths.** The bus bandwidth B of the fabric a step crosses: the node's `bus_gbps` inside one
 node; between nodes the least of it and the NICs of the group's GPUs (ppn x nics / gpus x
-nic_gbps). Then, per algorithm and protocol (tuning.cc's "model refinements"):
+nic_gbps), of which NCCL's graph reaches at most one per channel (`scale_out.channels` for a whole
+node, so 16 of NVL72's 72). Then, per algorithm and protocol (tuning.cc's "model refinements"):
 
 | algorithm (when)                      | bus bandwidth                                   | algorithm bandwidth    |
 |---------------------------------------|-------------------------------------------------|------------------------|
@@ -70,7 +71,10 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
 
 Which exist (tuning.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with NVLink SHARP,
 across nodes only with SHARP in the network (as CollNet Direct); LL128 on NVLink nodes (not over
-PCI); PAT with one GPU per node; broadcast on the ring only.
+PCI); PAT with one GPU per node; broadcast on the ring only. NCCL's tuner also has NVLS for an
+all-gather or reduce-scatter in one node (from 2.19), which by its own formula and these networks'
+NVLS bandwidths is never faster than the ring's LL or LL128 on H100, H200 or B200 (from 2.25.1):
+it is left out.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -315,12 +319,22 @@ class NcclModel:
             return node.bus_gbps
         return out.nics * out.nic_gbps / (node.gpus or 1)
 
+    def _nics(self, shape: Placement) -> float:
+        """Scale-out GB/s of the group's GPUs in one node, as NCCL's graphs reach it: each channel
+        leaves a node through one NIC, at most at that NIC's speed (search.cc; the tuner's
+        nChannels x bwInter), so the NICs of the group's GPUs, but at most as many as the graph has
+        channels before ncclTopoDupChannels doubles them at half speed. Where a node has a NIC per
+        channel (8x H100: 8 and 8) that is every GPU's NIC; NVL72's 72 GPUs reach 16."""
+        group = shape.ppn * self._nic_share()
+        out = self.cluster.scale_out
+        return group if out is None else min(group, self._graph_channels(shape) * out.nic_gbps)
+
     def _fabric(self, shape: Placement) -> float:
         """B: the bus bandwidth of the slowest fabric the group's rings cross."""
         node = self.cluster.node.bus_gbps
         if shape.nodes == 1:
             return node
-        return min(node, shape.ppn * self._nic_share())
+        return min(node, self._nics(shape))
 
     def _column(self, shape: Placement) -> int:
         return min(shape.nodes, 3) - 1
@@ -336,9 +350,16 @@ class NcclModel:
         node, out = self.cluster.node, self.cluster.scale_out
         if shape.nodes == 1 or out is None:
             return node.channels
-        channels = max(1.0, out.channels * shape.ppn / (node.gpus or shape.ppn))
+        channels = self._graph_channels(shape)
         kept = out.nic_gbps < 25 or (self.cluster.architecture != "ampere" and out.nic_gbps < 50 and channels > 4)
         return channels if algorithm == "NVLS-Tree" or kept else 2 * channels
+
+    def _graph_channels(self, shape: Placement) -> float:
+        """The channels NCCL's search finds between nodes for the group's GPUs in one node:
+        `scale_out.channels` for a whole node, in proportion for fewer of its GPUs, at least one."""
+        node, out = self.cluster.node, self.cluster.scale_out
+        assert out is not None
+        return max(1.0, out.channels * shape.ppn / (node.gpus or shape.ppn))
 
     def _bus(self, algorithm: str, protocol: str, shape: Placement, tuner: Tuner | None) -> float:
         arch = (tuner.architecture if tuner else NCCL["architecture"])[self.cluster.architecture]
@@ -370,9 +391,9 @@ class NcclModel:
             if tuner.nvls_before_2_28:
                 return self._nvls_bus_before_2_28(algorithm, nvls, shape)
         if algorithm == "NVLS":
-            return nvls if shape.nodes == 1 else min(nvls, shape.ppn * self._nic_share())
+            return nvls if shape.nodes == 1 else min(nvls, self._nics(shape))
         if algorithm == "NVLS-Tree":
-            nics = shape.ppn * self._nic_share() * (2 if shape.nodes <= 2 else 1)
+            nics = self._nics(shape) * (2 if shape.nodes <= 2 else 1)
             return min(nvls, nics, channels * arch["nvls_tree_per_channel_gbps"][column])
         if algorithm == "CollNet":
             return fabric * 0.85
@@ -391,7 +412,7 @@ class NcclModel:
         intra = nvls / (2 * efficiency * (gpus - 1) / gpus)
         if shape.nodes == 1:
             return intra
-        nics = shape.ppn * self._nic_share()
+        nics = self._nics(shape)
         return min(intra, nics / 2 if algorithm == "NVLS-Tree" and shape.nodes > 2 else nics)
 
     def _algorithm_bandwidth(self, bus: float, algorithm: str, protocol: str, comm_type: int, total: int,
