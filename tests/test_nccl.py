@@ -112,6 +112,45 @@ def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
     assert GIB / micros / 1e3 * 7 / 8 == pytest.approx(366.1, abs=0.1)
 
 
+def test_an_nvl72_rack_gathers_through_nvls_where_its_ring_is_long():
+    """NVLS all-gather and reduce-scatter in one node: (ppn - 1) / 2 ppn of NVLS's all-reduce bus
+    bandwidth (NCCL's tuner from 2.28), with Flint's NVLS latency (35.5 µs) and correction.
+    - One NVL72 rack, 512 KiB per rank (36 MiB in all; log2(36 MiB / 64) = 19: Simple's 0.7):
+      NVLS 35.5 + 36 MiB / (845.4 x 71/144 x 0.7 = 291.8 GB/s) = 164.9 µs, against the 71-step
+      ring's LL 6.6 + 71 x 0.6 = 49.2 + 36 MiB / (min(282, 721.8 / 2) x 72/71 = 286.0) = 181.2,
+      LL128 14 + 71 x 1.9 = 148.9 + 36 MiB / (min(0.92 x 721.8, 16 x 40) x 72/71 = 649.0) =
+      207.1 and Simple 8.4 + 71 x 3.4 = 249.8 + ...: NVLS.
+    - 1 GiB per rank (no correction from 1 GB): NVLS 416.8 GB/s against Simple's 732: the ring.
+    - 8x H100, 1 GiB: NVLS 480 x 7/16 = 210 GB/s, below the ring's 423.8 (as above)."""
+    rack = nvl72_racks(1)
+    shape, total = Placement(72, 1), 36 * MIB
+    nvls = 35.5 + total / (845.4 * 71 / 144 * 0.7 * 1e3)
+    assert nvls == pytest.approx(164.9, abs=0.05)
+    ring = {"LL": (49.2, 282 * 72 / 71), "LL128": (148.9, 640 * 72 / 71)}
+    for protocol, (latency, bandwidth) in ring.items():
+        assert candidate(rack, pb.ALL_GATHER, total, shape, "Ring", protocol) == pytest.approx((latency, bandwidth))
+        assert latency + total / (bandwidth * 1e3) > nvls
+    for kind, nbytes in ((pb.ALL_GATHER, total // 72), (pb.REDUCE_SCATTER, total)):
+        choice = rack.choose(kind, nbytes, shape)
+        assert (choice.algorithm, choice.micros) == ("NVLS", pytest.approx(nvls))
+    large = rack.choose(pb.ALL_GATHER, GIB, shape)
+    assert (large.algorithm, large.protocol) == ("Ring", "Simple")
+    assert candidate(rack, pb.ALL_GATHER, 72 * GIB, shape, "NVLS", "Simple")[1] == pytest.approx(845.4 * 71 / 144)
+    assert candidate(NODE, pb.ALL_GATHER, GIB, Placement(8, 1), "NVLS", "Simple") == pytest.approx((35.5, 210))
+    assert "NVLS" not in {a for a, *_ in TWO_NODES.candidates(pb.ALL_GATHER, GIB, Placement(16, 2))}
+
+
+def test_nccls_tuners_predict_nvls_gathers_by_their_own_formula():
+    """One NVL72 rack: 2.30.7's tuner predicts NVLS's all-gather at 25 µs and 845.4 x 71/144 =
+    416.8 GB/s, uncorrected; 2.26.2's (before 2.28) the NVLS graph's nChannels x bwIntra, 845.4 /
+    (2 x 0.74 x 71/72) = 579.3 GB/s, with no 5/6 (an all-gather's is not converted)."""
+    rack, shape = nvl72_racks(1), Placement(72, 1)
+    for release, bandwidth in (("2.30.7", 845.4 * 71 / 144), ("2.26.2", 845.4 / (2 * 0.74 * 71 / 72))):
+        found = {(a, p): (lat, bw) for a, p, lat, bw
+                 in rack.candidates(pb.ALL_GATHER, 72 * MIB, shape, release_tuner(release))}
+        assert found["NVLS", "Simple"] == pytest.approx((25.0, bandwidth)), release
+
+
 def test_across_two_nodes_small_all_reduces_take_the_tree():
     """16 ranks on 2 nodes, 8 B: Tree LL, 6.8 + 2 (7 x 0.6 + 1 x 5.0) = 25.2 µs, at LL's 39 GB/s
     limit for two nodes, halved; 1 MiB: Tree LL128, 14.0 + 2 (7 x 1.25 + 8.5) = 48.5 µs at

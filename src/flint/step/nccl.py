@@ -33,6 +33,8 @@ node, so 16 of NVL72's 72). Then, per algorithm and protocol (tuning.cc's "model
 |                                       | channels x treeLL128 per channel)               | below 512 MB           |
 | NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps, x the |
 |                                       |                                                 | correction below 1 GB  |
+| NVLS (all-gather, reduce-scatter;     | nvls_bus_gbps[ppn]                              | bus x (ppn-1) / 2 ppn, |
+| 1 node)                               |                                                 | x the correction       |
 | NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps, x the |
 |                                       | channels x NVLS-tree per channel)               | correction below 1 GB  |
 | CollNet Direct (all-reduce, SHARP)    | 0.85 B                                          | bus / 2                |
@@ -71,10 +73,11 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
 
 Which exist (tuning.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with NVLink SHARP,
 across nodes only with SHARP in the network (as CollNet Direct); LL128 on NVLink nodes (not over
-PCI); PAT with one GPU per node; broadcast on the ring only. NCCL's tuner also has NVLS for an
-all-gather or reduce-scatter in one node (from 2.19), which by its own formula and these networks'
-NVLS bandwidths is never faster than the ring's LL or LL128 on H100, H200 or B200 (from 2.25.1):
-it is left out.
+PCI); PAT with one GPU per node; broadcast on the ring only; NVLS for an all-gather or
+reduce-scatter in one node (across nodes NCCL needs CollNet for it), at (ppn - 1) / 2 ppn of
+NVLS's all-reduce bus bandwidth as NCCL's tuner has it (`_nvls_gather_share`; before 2.28 its
+tuner predicts the NVLS graph's nChannels x bwIntra, with no 5/6): on 8 GPUs a ring is faster,
+on an NVL72 rack's 72, whose ring takes 71 steps, NVLS is from small sizes on.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -292,8 +295,9 @@ class NcclModel:
         sharp = cluster.scale_out is not None and cluster.scale_out.sharp
         if comm_type == pb.BROADCAST:
             return ["Ring"]
-        if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):
-            return ["Ring"] + (["PAT"] if many and shape.ppn == 1 else [])
+        if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):  # NVLS in one node (across nodes NCCL needs CollNet)
+            return (["Ring"] + (["PAT"] if many and shape.ppn == 1 else [])
+                    + (["NVLS"] if cluster.node.nvls and not many and shape.ppn > 1 else []))
         found = ["Ring"]
         if many:
             found.append("Tree")
@@ -417,7 +421,10 @@ class NcclModel:
 
     def _algorithm_bandwidth(self, bus: float, algorithm: str, protocol: str, comm_type: int, total: int,
                              shape: Placement, tuner: Tuner | None) -> float:
-        if algorithm in ("NVLS", "NVLS-Tree") and tuner is not None and tuner.nvls_before_2_28:
+        gathers = comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER)
+        if algorithm == "NVLS" and gathers:
+            bandwidth = bus if tuner is not None and tuner.nvls_before_2_28 else _nvls_gather_share(bus, shape)
+        elif algorithm in ("NVLS", "NVLS-Tree") and tuner is not None and tuner.nvls_before_2_28:
             bandwidth = bus * NVLS_RATIO_BEFORE_2_28
         elif algorithm in ("Ring", "NVLS", "NVLS-Tree"):
             bandwidth = bus * shape.ranks / _steps(comm_type, shape.ranks)
@@ -514,6 +521,15 @@ def forced_name(algorithm: str | None, protocol: str | None) -> str:
     """What NCCL_ALGO and NCCL_PROTO held a collective to, as messages name it: 'Ring LL128',
     'Ring', '' for neither."""
     return " ".join(filter(None, (algorithm, protocol)))
+
+
+def _nvls_gather_share(all_reduce_bus: float, shape: Placement) -> float:
+    """NVLS's algorithm bandwidth for an all-gather or reduce-scatter, from its all-reduce bus
+    bandwidth: NCCL's tuner (2.28 on) takes the NVLS graph's nChannels x bwIntra x nvlsEfficiency
+    x (nChannels - 1) / nChannels times 2 for an all-reduce, times (ppn - 1) / ppn for these, and
+    converts only the all-reduce's to algorithm bandwidth (x n / 2(n - 1)); the same measured
+    hardware then gives these (ppn - 1) / 2 ppn of the all-reduce's bus bandwidth."""
+    return all_reduce_bus * (shape.ppn - 1) / (2 * shape.ppn)
 
 
 def _steps(comm_type: int, n: int) -> int:
