@@ -25,7 +25,7 @@
    one to 128 nodes of 8 H100, two nodes of 8 A100, one, two and twenty GB200 NVL72 racks) and
    four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
    H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted,
-   those that state an NCCL release from 2.24.3 on with its tuner choosing (`nccl`): one line per
+   those that state an NCCL release with its tuner choosing (`nccl`): one line per
    size, then each run's worst and median ratio by size band and its largest size's bus
    bandwidth; then, where two or more published runs share a placement (those of 1. and 3. among
    them), the range they span at each size and where Flint's fastest falls in it.

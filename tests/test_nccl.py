@@ -378,13 +378,107 @@ def test_each_release_takes_its_tables_from_its_own_tuning_cc():
                 "2.29.2": (20.9, True, False, [70.0, 42.8, 24.0]), "2.30.7": (20.9, True, False, [70.0, 42.8, 24.0])}
     for release, (hop, corrected, before, tree) in expected.items():
         tuner = release_tuner(release)
-        settings = (tuner.nvls_tree_net_hop_us, tuner.nvls_tree_corrected, tuner.nvls_before_2_28)
+        settings = (tuner.hop_latency_us["net"]["nvls_tree"][2], tuner.nvls_tree_corrected, tuner.nvls_before_2_28)
         assert settings == (hop, corrected, before), release
         assert tuner.architecture["blackwell"]["tree_per_channel_gbps"] == tree, release
         assert tuner.architecture["hopper"]["tree_per_channel_gbps"] == [38.7, 41.4, 36.0]
     caps = {r: release_tuner(r).architecture["blackwell"]["nvls_tree_per_channel_gbps"][2]
             for r in ("2.28.3", "2.28.7", "2.28.9", "2.29.7", "2.30.3")}
     assert caps == {"2.28.3": 43.1, "2.28.7": 43.1, "2.28.9": 43.8, "2.29.7": 43.8, "2.30.3": 80.0}
+
+
+def test_older_releases_take_their_own_tuning_cc():
+    """tuning.cc at each tag back to 2.18.1: PAT at 0.85 in 2.23.4 and none before; up to 2.22.3 a
+    Simple tree's base 0 and 28 µs a step, Ring LL128 with one GPU per node at 0.7, 2 more network
+    steps of a ring all-reduce, each algorithm's own network hop with one GPU per node; up to
+    2.20.5 Ring LL at 1/4 (1/3 for a gather in one node), Hopper's LL limit 87.7, NVLS's NVLink hop
+    23; up to 2.18.6 NVLS a base of 23 and no NVLink hop, NVLS-Tree's network hop 19, a Simple
+    tree's steps 4, 6 and 14; 2.18.1 28 again, and Hopper's Tree cap beyond 2 nodes 33.0."""
+    pat = {r: release_tuner(r).pat_bus_fraction for r in ("2.24.3", "2.23.4", "2.22.3")}
+    assert pat == {"2.24.3": 0.75, "2.23.4": 0.85, "2.22.3": 0.0}
+    for release, tree_simple, ll128_one, extra, from_tree in (("2.23.4", (8.4, 4.0, 4.0, 14.0), 0.92, 0, True),
+                                                              ("2.22.3", (0.0, 28.0, 28.0, 28.0), 0.7, 2, False),
+                                                              ("2.18.5", (0.0, 4.0, 6.0, 14.0), 0.7, 2, False),
+                                                              ("2.18.1", (0.0, 28.0, 28.0, 28.0), 0.7, 2, False)):
+        tuner = release_tuner(release)
+        hops = tuner.hop_latency_us
+        assert (tuner.base_latency_us["tree"][2], *(hops[link]["tree"][2] for link in ("nvlink", "pci", "net"))) == \
+            tree_simple, release
+        settings = (tuner.ring_ll128_one_per_node_fraction, tuner.ring_all_reduce_extra_net_steps,
+                    tuner.one_per_node_net_hop_from_tree)
+        assert settings == (ll128_one, extra, from_tree), release
+    for release, ll, ll_max, nvls_hop in (("2.21.5", [0.5, 0.5], 141.0, 25.0), ("2.20.5", [0.25, 1 / 3], 87.7, 23.0),
+                                          ("2.19.1", [0.25, 1 / 3], 87.7, 23.0), ("2.18.5", [0.25, 1 / 3], 87.7, 0.0)):
+        tuner = release_tuner(release)
+        assert tuner.ring_ll_bus_fraction == pytest.approx(ll), release
+        assert tuner.architecture["hopper"]["ll_max_gbps"][0] == ll_max, release
+        assert tuner.hop_latency_us["nvlink"]["nvls"][2] == nvls_hop, release
+    old = release_tuner("2.18.5")
+    assert (old.base_latency_us["nvls"][2], old.hop_latency_us["net"]["nvls_tree"][2], old.nvls_before_2_19) == (23.0, 19.0, True)
+    assert not release_tuner("2.19.1").nvls_before_2_19
+    assert release_tuner("2.18.1").architecture["hopper"]["tree_per_channel_gbps"] == [38.7, 41.4, 33.0]
+    assert release_tuner("2.18.3").architecture["hopper"]["tree_per_channel_gbps"] == [38.7, 41.4, 36.0]
+
+
+def test_before_2_21_ring_ll_took_a_quarter_so_nvls_ran_from_512_kib():
+    """One 8x H100 node, 512 KiB all-reduce. 2.24.3's tuner: Ring LL 6.6 + 14 x 0.6 = 15.0 µs at
+    min(141, 370.8 / 2) x 8/14 = 80.57 GB/s, 21.51 µs; NVLS 25 + 512 KiB / (322.7 x 5/6): 26.95:
+    Ring LL, which Flint times so too. 2.20.5's: Ring LL at min(87.7, 370.8 / 4) x 8/14 = 50.11,
+    25.46 µs; NVLS 23 + 1.95 = 24.95: NVLS, as 2.18.5's (its base 23): Flint times NVLS 35.5 +
+    512 KiB / (480 x 8/14 x 0.5, the correction at log2(512 KiB / 64) = 13) = 39.32 µs."""
+    size, shape = 512 * 1024, Placement(8, 1)
+    nvls_graph = 480 / (2 * 0.85 * 7 / 8)
+    assert 15.0 + size / (141 * 8 / 14 * 1e3) < 25 + size / (nvls_graph * 5 / 6 * 1e3)
+    assert 15.0 + size / (87.7 * 8 / 14 * 1e3) > 23 + size / (nvls_graph * 5 / 6 * 1e3)
+    for release, algorithm, micros in (("2.24.3", "Ring", 15.0 + size / (141 * 8 / 14 * 1e3)),
+                                       ("2.20.5", "NVLS", 35.5 + size / (480 * 8 / 14 * 0.5 * 1e3)),
+                                       ("2.18.5", "NVLS", 35.5 + size / (480 * 8 / 14 * 0.5 * 1e3))):
+        model = NcclModel(replace(NODE.network, cluster=replace(NODE.cluster, nccl=release)))
+        choice = model.choose(pb.ALL_REDUCE, size, shape)
+        assert (choice.algorithm, choice.micros) == (algorithm, pytest.approx(micros)), release
+        found = {(a, p): (lat, bw) for a, p, lat, bw in model.candidates(pb.ALL_REDUCE, size, shape, release_tuner(release))}
+        assert found["NVLS", "Simple"] == pytest.approx((25.0 if release == "2.24.3" else 23.0, nvls_graph * 5 / 6))
+
+
+def test_before_2_23_rings_trees_and_pat_as_their_tuning_cc_had_them():
+    """2 nodes of 8 H100, as NCCL's tuners predict:
+    - Ring Simple all-reduce, 1 GiB (30 steps, NVLink hop 3.4 above 3 x Intel's 1.0): 2.23.4
+      (8.4 + 28 x 3.4 + 2 x 14) x 1.4 = 184.24 µs; 2.22.3 counts 4 network steps: (8.4 + 26 x
+      3.4 + 4 x 14) x 1.4 = 213.92;
+    - Tree Simple: 2.23.4 8.4 + 2 (7 x 4 + 14) = 92.4 µs; 2.22.3 0 + 2 (7 x 28 + 28) = 448;
+      2.18.5 0 + 2 (7 x 4 + 14) = 84;
+    - one GPU per node, an all-gather: Ring LL128 over 2 channels (one NIC, doubled): 2.23.4
+      min(0.92 x 47, 2 x 36.7) x 2/1 with the Tree's network hop, 14 + 8.5 µs; 2.22.3 0.7 x 47,
+      the ring's own hop, 14 + 4.0; PAT 0.85 x 47 in 2.23.4, none in 2.22.3."""
+    two, one_each = Placement(16, 2), Placement(2, 2)
+
+    def predicted(release, kind, shape, total=GIB):
+        return {(a, p): (lat, bw) for a, p, lat, bw in TWO_NODES.candidates(kind, total, shape, release_tuner(release))}
+
+    ring = {r: predicted(r, pb.ALL_REDUCE, two)["Ring", "Simple"][0] for r in ("2.23.4", "2.22.3")}
+    assert ring == pytest.approx({"2.23.4": (8.4 + 28 * 3.4 + 2 * 14) * 1.4, "2.22.3": (8.4 + 26 * 3.4 + 4 * 14) * 1.4})
+    tree = {r: predicted(r, pb.ALL_REDUCE, two)["Tree", "Simple"][0] for r in ("2.23.4", "2.22.3", "2.18.5")}
+    assert tree == pytest.approx({"2.23.4": 92.4, "2.22.3": 448.0, "2.18.5": 84.0})
+    newer, older = predicted("2.23.4", pb.ALL_GATHER, one_each), predicted("2.22.3", pb.ALL_GATHER, one_each)
+    assert newer["Ring", "LL128"] == pytest.approx((22.5, 0.92 * 47 * 2))
+    assert older["Ring", "LL128"] == pytest.approx((18.0, 0.7 * 47 * 2))
+    assert newer["PAT", "Simple"][1] == pytest.approx(0.85 * 47) and older["PAT", "Simple"][1] == 0.0
+
+
+def test_before_2_19_nvls_tree_took_its_own_ratio_and_latency():
+    """4 nodes of 8 H100 under 2.18.5's tuner: NVLS-Tree's bandwidth the NVLS graph's network
+    speed beyond 2 nodes, 8 NICs' 376 GB/s (not halved), x 0.7 x 4 / (2 x 3) = 175.5 GB/s; its
+    latency 23 + 2 x 3 x 19 = 137 µs, without the network's latency. 64 MiB: Tree Simple 0 + 2 (7 x 4
+    + 2 x 14) = 112 µs at min(0.92 x 370.8, 8 x 36.0) / 2 x 0.8 (the correction at 2^20) = 115.2
+    GB/s, 694.5 µs; NVLS-Tree 137 + 382.5 = 519.5: NVLS-Tree, which Flint times at 35.5 + 4 x 20.9
+    + 64 MiB / (364 x 32/62 x 0.8)."""
+    size, shape = 64 * MIB, Placement(32, 4)
+    model = four_nodes("2.18.5")
+    found = {(a, p): (lat, bw) for a, p, lat, bw in model.candidates(pb.ALL_REDUCE, size, shape, release_tuner("2.18.5"))}
+    assert found["NVLS-Tree", "Simple"] == pytest.approx((137.0, 376 * 0.7 * 4 / 6))
+    assert found["Tree", "Simple"] == pytest.approx((112.0, 288 / 2 * 0.8))
+    choice = model.choose(pb.ALL_REDUCE, size, shape)
+    assert (choice.algorithm, choice.micros) == ("NVLS-Tree", pytest.approx(35.5 + 4 * 20.9 + size / (364 * 32 / 62 * 0.8 * 1e3)))
 
 
 def test_no_release_runs_nvls_before_hopper():
@@ -410,9 +504,9 @@ def test_a_network_file_names_the_nccl_its_cluster_runs(tmp_path):
     network = load_network_file(path)
     assert network.nccl == "2.26.6"
     assert 'nccl = "2.26.6"' in network_toml(network, "mine")
-    path.write_text(f'name = "mine"\nnccl = "2.23.4"\n{body}')
-    with pytest.raises(FlintError, match=r"is not valid: nccl is '2.23.4': Flint has the tuners of NCCL "
-                                         r"2.24.3 to 2.30.7 \(2.24.3, 2.25.1, 2.26.2, .*\); give one of those"):
+    path.write_text(f'name = "mine"\nnccl = "2.17.1"\n{body}')
+    with pytest.raises(FlintError, match=r"is not valid: nccl is '2.17.1': Flint has the tuners of NCCL "
+                                         r"2.18.1 to 2.30.7 \(2.18.1, 2.18.3, 2.18.5, .*\); give one of those"):
         load_network_file(path)
     traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, MIB)
     run = flint("simulate", traces, "--network", str(path), "-o", tmp_path / "s")

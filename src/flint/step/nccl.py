@@ -13,10 +13,12 @@ NCCL chooses by that time with every channel launched; its runtime then launches
 Ring or Tree collective (see `_launched_share`), which the time counts.
 
 **Which runs.** By default the fastest by these times. Where the network file names the NCCL
-release the cluster runs (`nccl`), what that release's tuner predicts fastest (`Tuner`: NCCL's own
-constants where Flint fitted its own, no size correction of NVLS but NVLS-Tree's on Blackwell with
-x86 hosts from 2.29.2, the release's tables, and before 2.28 its NVLS formula), timed as above:
-releases differ in where they leave the tree for NVLS-Tree, and the measured runs follow their own.
+release the cluster runs (`nccl`, 2.18.1 to 2.30.7), what that release's tuner predicts fastest
+(`Tuner`: NCCL's own constants where Flint fitted its own, no size correction of NVLS but
+NVLS-Tree's on Blackwell with x86 hosts from 2.29.2, the release's tables, and the formulas that
+changed: NVLS's before 2.28 and 2.19, Ring LL's share before 2.21, the tree's latency, a ring's
+network steps and PAT before 2.23), timed as above: releases differ in where they leave the tree
+for NVLS-Tree and Ring LL for NVLS, and the measured runs follow their own.
 
 **Bandwidths.** The bus bandwidth B of the fabric a step crosses: the node's `bus_gbps` inside one
 node; between nodes the least of it and the NICs of the group's GPUs (ppn x nics / gpus x
@@ -90,6 +92,7 @@ Concurrent collectives do not slow each other down (NCCL's model does not model 
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Sequence
@@ -116,36 +119,63 @@ NCCL = nccl_constants()
 NVLS_RATIO_BEFORE_2_28 = 5 / 6
 """NVLS's and NVLS-Tree's algorithm bandwidth per bus bandwidth in NCCL's tuner before 2.28
 (tuning.cc: ratio *= 5.0/6.0)."""
+NVLS_TREE_RATIO_BEFORE_2_19 = 0.70
+"""NVLS-Tree's before 2.19, times nodes / 2(nodes - 1) (tuning.cc: ratio = .70 * nNodes / (2*(nNodes-1)))."""
 
 
 @dataclass(frozen=True)
 class Tuner:
-    """What one NCCL release's tuner predicts a collective's time with, where that differs from
-    how Flint times it: NCCL's own constants where Flint fitted its own to measured runs (NVLS's
-    latency, a Simple ring's step inside a node, LL128's share of a ring), NVLS's bandwidth without
-    the size correction Flint gives it, and the release's tables and NVLS formula (`nccl.toml`'s
-    [[release]]). NCCL runs what this predicts fastest, whether or not it is."""
+    """What one NCCL release's tuner predicts a collective's time with (`nccl.toml`'s [[release]],
+    where each setting is explained): its tables and the formulas that changed between releases.
+    NCCL runs what this predicts fastest, whether or not it is. Flint's own times take the newest
+    release's (`NEWEST`) except where it fitted its own to measured runs (NVLS's latency, a Simple
+    ring's step inside a node, LL128's share of a ring) and in NVLS's size correction."""
 
     release: str
     architecture: dict
-    nvls_tree_net_hop_us: float
+    base_latency_us: dict
+    hop_latency_us: dict
     nvls_tree_corrected: bool
     nvls_before_2_28: bool
+    nvls_before_2_19: bool
+    nvls_gather_ratio: float
+    ring_ll_bus_fraction: list
+    ring_ll128_one_per_node_fraction: float
+    ring_all_reduce_extra_net_steps: int
+    one_per_node_net_hop_from_tree: bool
+    pat_bus_fraction: float
+    collnet_arity_us: float
+
+
+TABLES = ("architecture", "base_latency_us", "hop_latency_us")
+"""The tables of `nccl.toml` a release may change entries of."""
 
 
 @functools.cache
 def release_tuner(release: str) -> Tuner:
-    """The tuner of NCCL `release` (one `nccl.toml` lists): 2.30.7's constants, then each newer
+    """The tuner of NCCL `release` (one `nccl.toml` lists): 2.30.7's tables, then each newer
     release's changes back to it."""
-    architecture = {name: dict(table) for name, table in NCCL["architecture"].items()}
+    tables = {key: copy.deepcopy(NCCL[key]) for key in TABLES}
     settings: dict = {}
     for entry in NCCL["release"]:
-        settings.update({k: v for k, v in entry.items() if k not in ("version", "architecture")})
-        for name, table in entry.get("architecture", {}).items():
-            architecture[name].update(table)
+        settings.update({k: v for k, v in entry.items() if k != "version" and k not in TABLES})
+        for key in TABLES:
+            _merge(tables[key], entry.get(key, {}))
         if entry["version"] == release:
-            return Tuner(release, architecture, **settings)
+            return Tuner(release, **tables, **settings)
     raise FlintError(f"Flint has no tuner of NCCL {release}: give a release that nccl.toml lists")
+
+
+def _merge(into: dict, changes: dict) -> None:
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+NEWEST = release_tuner(NCCL["release"][0]["version"])
+"""The newest release's tuner, whose constants Flint's own times take."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +291,7 @@ class NcclModel:
                     continue
                 if protocol == "LL128" and not self._ll128():
                     continue
-                bus = self._bus(algorithm, protocol, shape, tuner)
+                bus = self._bus(algorithm, protocol, comm_type, shape, tuner)
                 bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape, tuner)
                 found.append((algorithm, protocol,
                               self._latency(algorithm, protocol, comm_type, total, shape, tuner), bandwidth))
@@ -365,8 +395,9 @@ class NcclModel:
         assert out is not None
         return max(1.0, out.channels * shape.ppn / (node.gpus or shape.ppn))
 
-    def _bus(self, algorithm: str, protocol: str, shape: Placement, tuner: Tuner | None) -> float:
-        arch = (tuner.architecture if tuner else NCCL["architecture"])[self.cluster.architecture]
+    def _bus(self, algorithm: str, protocol: str, comm_type: int, shape: Placement, tuner: Tuner | None) -> float:
+        rules = tuner or NEWEST
+        arch = rules.architecture[self.cluster.architecture]
         column, channels = self._column(shape), self._channels(algorithm, shape)
         if shape.nodes == 1:
             ll_max = arch["ll_max_gbps"][0]
@@ -375,11 +406,13 @@ class NcclModel:
         fabric = self._fabric(shape)
         if algorithm == "Ring":
             if protocol == "LL":
-                return min(ll_max, fabric * 0.5)
+                reduces_or_spans = comm_type == pb.ALL_REDUCE or shape.nodes > 1
+                return min(ll_max, fabric * rules.ring_ll_bus_fraction[0 if reduces_or_spans else 1])
             if protocol == "LL128":
                 fraction = self.cluster.node.ll128_bus_fraction if shape.nodes == 1 and tuner is None else None
-                return min(fabric * (0.92 if fraction is None else fraction),
-                           channels * arch["ring_ll128_per_channel_gbps"][column])
+                if fraction is None:
+                    fraction = rules.ring_ll128_one_per_node_fraction if shape.ppn < 2 else 0.92
+                return min(fabric * fraction, channels * arch["ring_ll128_per_channel_gbps"][column])
             return fabric
         if algorithm == "Tree":
             bus = min(fabric * 0.92, channels * arch["tree_per_channel_gbps"][column])
@@ -393,7 +426,7 @@ class NcclModel:
             if not NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]:
                 return 0.0  # before Hopper NCCL finds no NVLS graph (search.cc), whatever the file says
             if tuner.nvls_before_2_28:
-                return self._nvls_bus_before_2_28(algorithm, nvls, shape)
+                return self._nvls_bus_before_2_28(algorithm, nvls, shape, tuner)
         if algorithm == "NVLS":
             return nvls if shape.nodes == 1 else min(nvls, self._nics(shape))
         if algorithm == "NVLS-Tree":
@@ -401,30 +434,36 @@ class NcclModel:
             return min(nvls, nics, channels * arch["nvls_tree_per_channel_gbps"][column])
         if algorithm == "CollNet":
             return fabric * 0.85
-        return fabric * 0.75  # PAT
+        return fabric * rules.pat_bus_fraction  # PAT
 
-    def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, shape: Placement) -> float:
+    def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, shape: Placement, tuner: Tuner) -> float:
         """NVLS's and NVLS-Tree's bus bandwidth as NCCL's tuner before 2.28 predicts it: the NVLS
         graph's channels times the least of its speed in the node and between nodes (for
-        NVLS-Tree beyond 2 nodes half that). From 2.28 the node's part is nChannels x bwIntra x
-        nvlsEfficiency x (nChannels - 1) / nChannels x 2 for an all-reduce, which `nvls_bus_gbps`
-        (measured) stands for; so nChannels x bwIntra is that over the rest, with one channel per
-        GPU of the node (search.cc: NVLS's graph has a head per GPU). On 8x H100, 480 GB/s gives
-        323 (NCCL's search: 8 channels of 40)."""
+        NVLS-Tree beyond 2 nodes half that; before 2.19 the node's speed on up to 2 nodes, the
+        network's beyond). From 2.28 the node's part is nChannels x bwIntra x nvlsEfficiency x
+        (nChannels - 1) / nChannels x 2 for an all-reduce, which `nvls_bus_gbps` (measured) stands
+        for; so nChannels x bwIntra is that over the rest, with one channel per GPU of the node
+        (search.cc: NVLS's graph has a head per GPU). On 8x H100, 480 GB/s gives 323 (NCCL's
+        search: 8 channels of 40)."""
         gpus = math.ceil(shape.ppn)
         efficiency = NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]
         intra = nvls / (2 * efficiency * (gpus - 1) / gpus)
         if shape.nodes == 1:
             return intra
         nics = self._nics(shape)
+        if tuner.nvls_before_2_19:
+            return intra if shape.nodes <= 2 else nics
         return min(intra, nics / 2 if algorithm == "NVLS-Tree" and shape.nodes > 2 else nics)
 
     def _algorithm_bandwidth(self, bus: float, algorithm: str, protocol: str, comm_type: int, total: int,
                              shape: Placement, tuner: Tuner | None) -> float:
         gathers = comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER)
+        before_2_28 = tuner is not None and tuner.nvls_before_2_28
         if algorithm == "NVLS" and gathers:
-            bandwidth = bus if tuner is not None and tuner.nvls_before_2_28 else _nvls_gather_share(bus, shape)
-        elif algorithm in ("NVLS", "NVLS-Tree") and tuner is not None and tuner.nvls_before_2_28:
+            bandwidth = bus * tuner.nvls_gather_ratio if before_2_28 else _nvls_gather_share(bus, shape)
+        elif algorithm == "NVLS-Tree" and tuner is not None and tuner.nvls_before_2_19:
+            bandwidth = bus * NVLS_TREE_RATIO_BEFORE_2_19 * shape.nodes / (2 * (shape.nodes - 1))
+        elif algorithm in ("NVLS", "NVLS-Tree") and before_2_28:
             bandwidth = bus * NVLS_RATIO_BEFORE_2_28
         elif algorithm in ("Ring", "NVLS", "NVLS-Tree"):
             bandwidth = bus * shape.ranks / _steps(comm_type, shape.ranks)
@@ -451,11 +490,12 @@ class NcclModel:
 
     def _latency(self, algorithm: str, protocol: str, comm_type: int, total: int, shape: Placement,
                  tuner: Tuner | None) -> float:
+        rules = tuner or NEWEST
         key, p = _KEYS[algorithm], PROTOCOLS.index(protocol)
-        base = NCCL["base_latency_us"][key][p]
-        hops = NCCL["hop_latency_us"]
+        base = rules.base_latency_us[key][p]
+        hops = rules.hop_latency_us
         intra = hops[self.cluster.node.link][key][p]
-        inter = self._inter(key, p, shape, tuner)
+        inter = self._inter(key, p, shape, rules)
         n, nodes, ppn = shape.ranks, shape.nodes, shape.ppn
         if algorithm == "Ring":
             if (protocol == "Simple" and nodes == 1 and tuner is None
@@ -467,7 +507,8 @@ class NcclModel:
             if nodes > 1:
                 overhead = NCCL["net_overhead_us"][self.cluster.cpu] * (3 if protocol == "Simple" else 1)
                 intra = max(intra, overhead)
-            inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if comm_type == pb.ALL_REDUCE else nodes - 1
+            inter_steps = (0 if nodes == 1 else nodes - 1 if comm_type != pb.ALL_REDUCE
+                           else 2 * (nodes - 1) + rules.ring_all_reduce_extra_net_steps)
             latency = base + (steps - inter_steps) * intra + inter_steps * inter
             channels = self.cluster.node.channels
             if (protocol == "Simple" and nodes > 1 and comm_type == pb.ALL_REDUCE
@@ -477,23 +518,23 @@ class NcclModel:
         log_nodes = int(math.log2(nodes))
         if algorithm == "Tree":
             return base + 2 * ((ppn - 1) * intra + log_nodes * inter)
-        nvls = self.cluster.node.nvls_latency_us if tuner is None else intra  # NCCL's: its hwLatency
-        if algorithm == "NVLS":
-            return nvls + (inter if nodes > 1 else 0.0)
-        if algorithm == "NVLS-Tree":
-            return base + nvls + 2 * log_nodes * inter
+        if algorithm in ("NVLS", "NVLS-Tree"):
+            if tuner is not None and tuner.nvls_before_2_19:  # the network's hop alone, without its latency
+                hops_between = 1 if algorithm == "NVLS" else 2 * (nodes - 1)
+                return base + (hops["net"][key][p] * hops_between if nodes > 1 else 0.0)
+            # Flint's fitted latency; NCCL's tuner its base and NVLink hop
+            start = self.cluster.node.nvls_latency_us if tuner is None else base + intra
+            return start + (inter if nodes > 1 else 0.0) if algorithm == "NVLS" else start + 2 * log_nodes * inter
         if algorithm == "CollNet":
-            return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
+            return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * rules.collnet_arity_us) + inter
         return base + log_nodes * inter / 3.5 + n * 2.8  # PAT
 
-    def _inter(self, key: str, p: int, shape: Placement, tuner: Tuner | None = None) -> float:
-        """One step between nodes: NCCL's network hop for the algorithm (the Tree's with one GPU
-        per node; NVLS-Tree's as `tuner`'s release has it) and the network's latency (twice for
-        Simple, which flushes)."""
-        hops = NCCL["hop_latency_us"]["net"]
-        inter = hops["tree" if shape.ppn == 1 else key][p]
-        if tuner is not None and key == "nvls_tree" and shape.ppn != 1:
-            inter = tuner.nvls_tree_net_hop_us
+    def _inter(self, key: str, p: int, shape: Placement, rules: Tuner = NEWEST) -> float:
+        """One step between nodes: NCCL's network hop for the algorithm as `rules`' release has it
+        (from 2.23 the Tree's with one GPU per node) and the network's latency (twice for Simple,
+        which flushes)."""
+        one_per_node = shape.ppn == 1 and rules.one_per_node_net_hop_from_tree
+        inter = rules.hop_latency_us["net"]["tree" if one_per_node else key][p]
         network = self.cluster.scale_out.latency_us if self.cluster.scale_out else 0.0
         return inter + network * (2 if PROTOCOLS[p] == "Simple" else 1)
 
