@@ -423,10 +423,11 @@ class NcclModel:
             return bus
         nvls = self.cluster.node.nvls_bus(shape.ppn) if self.cluster.node.nvls else 0.0
         if tuner is not None and algorithm in ("NVLS", "NVLS-Tree"):
-            if not NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]:
+            efficiency = NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]
+            if not efficiency:
                 return 0.0  # before Hopper NCCL finds no NVLS graph (search.cc), whatever the file says
             if tuner.nvls_before_2_28:
-                return self._nvls_bus_before_2_28(algorithm, nvls, shape, tuner)
+                return self._nvls_bus_before_2_28(algorithm, nvls, efficiency, shape, tuner)
         if algorithm == "NVLS":
             return nvls if shape.nodes == 1 else min(nvls, self._nics(shape))
         if algorithm == "NVLS-Tree":
@@ -436,17 +437,18 @@ class NcclModel:
             return fabric * 0.85
         return fabric * rules.pat_bus_fraction  # PAT
 
-    def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, shape: Placement, tuner: Tuner) -> float:
+    def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, efficiency: float, shape: Placement,
+                              tuner: Tuner) -> float:
         """NVLS's and NVLS-Tree's bus bandwidth as NCCL's tuner before 2.28 predicts it: the NVLS
         graph's channels times the least of its speed in the node and between nodes (for
         NVLS-Tree beyond 2 nodes half that; before 2.19 the node's speed on up to 2 nodes, the
         network's beyond). From 2.28 the node's part is nChannels x bwIntra x nvlsEfficiency x
         (nChannels - 1) / nChannels x 2 for an all-reduce, which `nvls_bus_gbps` (measured) stands
-        for; so nChannels x bwIntra is that over the rest, with one channel per GPU of the node
-        (search.cc: NVLS's graph has a head per GPU). On 8x H100, 480 GB/s gives 323 (NCCL's
+        for; so nChannels x bwIntra is that over the rest (`efficiency`: the architecture's
+        nvlsEfficiency), with one channel per GPU of the node (search.cc: NVLS's graph has a head
+        per GPU). On 8x H100, 480 GB/s gives 323 (NCCL's
         search: 8 channels of 40)."""
         gpus = math.ceil(shape.ppn)
-        efficiency = NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]
         intra = nvls / (2 * efficiency * (gpus - 1) / gpus)
         if shape.nodes == 1:
             return intra
