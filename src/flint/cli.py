@@ -33,7 +33,7 @@ from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.pipelining import SCHEDULES
-from flint.step.nccl import ALGORITHMS, PROTOCOLS
+from flint.step.nccl import ALGORITHMS, NCCL, PROTOCOLS
 from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS, RANK_FILE_CHOICES
 from flint.version import __version__
 
@@ -72,6 +72,8 @@ DEBUG = "flint.debug"
 """Key in `ctx.meta`, which every context of one command line shares, set by any `--debug`."""
 LARGE_TRACE_BYTES = 10**9
 """From this size on, `flint extract` says how large the rank traces will be before writing them."""
+NCCL_RELEASES = f"{NCCL['release'][-1]['version']} to {NCCL['release'][0]['version']}"
+"""The NCCL releases whose tuners a network file's `nccl` may name, for --help."""
 
 
 def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -551,8 +553,9 @@ def _network_options(command):
         click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl",
                      show_default=True,
                      help="How collectives are timed: as NCCL runs them (its algorithms, protocols and "
-                          "tuner, on the network file's bandwidths), or as ASTRA-sim's analytical backend "
-                          "times them (a ring per network dimension)."),
+                          "tuner, on the network file's bandwidths; the fastest, or what the tuner of the "
+                          f"release the file names with nccl = \"2.26.2\" picks, {NCCL_RELEASES}), or as "
+                          "ASTRA-sim's analytical backend times them (a ring per network dimension)."),
         click.option("--network", metavar="NETWORK", callback=_named,
                      help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/step/networks/), a network "
                           f"file (.toml), or an ASTRA-sim network (.yml) [default: {DEFAULT_NETWORK}]."),
@@ -750,8 +753,10 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
               help="Network: a built-in one (hgx, hgx-h200, hgx-a100, hgx-b200, nvl72, flat), a network file "
                    "(.toml), or an ASTRA-sim network (.yml).")
 @click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl", show_default=True,
-              help="How the estimator times collectives: as NCCL runs them, or as ASTRA-sim's analytical "
-                   "backend times them (which it agrees with).")
+              help="How the estimator times collectives: as NCCL runs them (the fastest of its algorithms "
+                   "and protocols, or what the tuner of the release a network file names with "
+                   f"nccl = \"2.26.2\" picks, {NCCL_RELEASES}), or as ASTRA-sim's analytical backend times "
+                   "them (which it agrees with).")
 @click.option("--roofline", is_flag=True,
               help="Let ASTRA-sim time compute from FLOPs and bytes (its roofline mode) instead of "
                    "replaying each node's duration.")
