@@ -112,43 +112,51 @@ def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
     assert GIB / micros / 1e3 * 7 / 8 == pytest.approx(366.1, abs=0.1)
 
 
-def test_an_nvl72_rack_gathers_through_nvls_where_its_ring_is_long():
-    """NVLS all-gather and reduce-scatter in one node: (ppn - 1) / 2 ppn of NVLS's all-reduce bus
-    bandwidth (NCCL's tuner from 2.28), with Flint's NVLS latency (35.5 µs) and correction.
-    - One NVL72 rack, 512 KiB per rank (36 MiB in all; log2(36 MiB / 64) = 19: Simple's 0.7):
-      NVLS 35.5 + 36 MiB / (845.4 x 71/144 x 0.7 = 291.8 GB/s) = 164.9 µs, against the 71-step
-      ring's LL 6.6 + 71 x 0.6 = 49.2 + 36 MiB / (min(282, 721.8 / 2) x 72/71 = 286.0) = 181.2,
-      LL128 14 + 71 x 1.9 = 148.9 + 36 MiB / (min(0.92 x 721.8, 16 x 40) x 72/71 = 649.0) =
-      207.1 and Simple 8.4 + 71 x 3.4 = 249.8 + ...: NVLS.
-    - 1 GiB per rank (no correction from 1 GB): NVLS 416.8 GB/s against Simple's 732: the ring.
-    - 8x H100, 1 GiB: NVLS 480 x 7/16 = 210 GB/s, below the ring's 423.8 (as above)."""
+def test_nvls_gathers_in_one_node_of_at_most_32_gpus():
+    """NVLS all-gather and reduce-scatter: in one node of at most 32 GPUs (NCCL_MAX_NVLS_ARITY), at
+    (ppn - 1) / 2 ppn of NVLS's all-reduce bus bandwidth (NCCL's tuner from 2.28), with Flint's
+    NVLS latency (35.5 µs). 32 GPUs of an NVL72 rack, 1 GiB in all (no correction from 1 GB):
+    NVLS 845.4 x 31/64 = 409.5 GB/s, against Ring Simple's 8.4 + 31 x 3.4 = 113.8 µs at 721.8 x
+    32/31 = 745.1: the ring, as at every size by these times (Ring LL at 32 KiB: 6.6 + 31 x 0.6
+    = 25.2 µs, below NVLS's 35.5). 72 GPUs: none; 8x H100: 480 x 7/16 = 210 GB/s; across nodes:
+    none."""
     rack = nvl72_racks(1)
-    shape, total = Placement(72, 1), 36 * MIB
-    nvls = 35.5 + total / (845.4 * 71 / 144 * 0.7 * 1e3)
-    assert nvls == pytest.approx(164.9, abs=0.05)
-    ring = {"LL": (49.2, 282 * 72 / 71), "LL128": (148.9, 640 * 72 / 71)}
-    for protocol, (latency, bandwidth) in ring.items():
-        assert candidate(rack, pb.ALL_GATHER, total, shape, "Ring", protocol) == pytest.approx((latency, bandwidth))
-        assert latency + total / (bandwidth * 1e3) > nvls
-    for kind, nbytes in ((pb.ALL_GATHER, total // 72), (pb.REDUCE_SCATTER, total)):
-        choice = rack.choose(kind, nbytes, shape)
-        assert (choice.algorithm, choice.micros) == ("NVLS", pytest.approx(nvls))
-    large = rack.choose(pb.ALL_GATHER, GIB, shape)
-    assert (large.algorithm, large.protocol) == ("Ring", "Simple")
-    assert candidate(rack, pb.ALL_GATHER, 72 * GIB, shape, "NVLS", "Simple")[1] == pytest.approx(845.4 * 71 / 144)
+    shape = Placement(32, 1)
+    assert candidate(rack, pb.ALL_GATHER, GIB, shape, "NVLS", "Simple") == pytest.approx((35.5, 845.4 * 31 / 64))
+    assert candidate(rack, pb.ALL_GATHER, GIB, shape, "Ring", "Simple") == pytest.approx((113.8, 721.8 * 32 / 31))
+    for total in (32 * 1024, MIB, 32 * MIB, GIB):
+        for kind, nbytes in ((pb.ALL_GATHER, total // 32), (pb.REDUCE_SCATTER, total)):
+            assert rack.choose(kind, nbytes, shape).algorithm == "Ring"
+    assert "NVLS" not in {a for a, *_ in rack.candidates(pb.ALL_GATHER, GIB, Placement(72, 1))}
+    assert "NVLS" in {a for a, *_ in rack.candidates(pb.ALL_REDUCE, GIB, Placement(72, 1))}
     assert candidate(NODE, pb.ALL_GATHER, GIB, Placement(8, 1), "NVLS", "Simple") == pytest.approx((35.5, 210))
     assert "NVLS" not in {a for a, *_ in TWO_NODES.candidates(pb.ALL_GATHER, GIB, Placement(16, 2))}
 
 
 def test_nccls_tuners_predict_nvls_gathers_by_their_own_formula():
-    """One NVL72 rack: 2.30.7's tuner predicts NVLS's all-gather at 25 µs and 845.4 x 71/144 =
-    416.8 GB/s, uncorrected; 2.26.2's (before 2.28) the NVLS graph's nChannels x bwIntra, 845.4 /
-    (2 x 0.74 x 71/72) = 579.3 GB/s, with no 5/6 (an all-gather's is not converted)."""
-    rack, shape = nvl72_racks(1), Placement(72, 1)
-    for release, bandwidth in (("2.30.7", 845.4 * 71 / 144), ("2.26.2", 845.4 / (2 * 0.74 * 71 / 72))):
-        found = {(a, p): (lat, bw) for a, p, lat, bw
-                 in rack.candidates(pb.ALL_GATHER, 72 * MIB, shape, release_tuner(release))}
-        assert found["NVLS", "Simple"] == pytest.approx((25.0, bandwidth)), release
+    """32 GPUs of an NVL72 rack: 2.30.7's tuner predicts NVLS's all-gather at 25 µs and 845.4 x
+    31/64 = 409.5 GB/s, uncorrected; 2.26.2's (before 2.28) the NVLS graph's nChannels x bwIntra,
+    845.4 / (2 x 0.74 x 31/32) = 589.6 GB/s, not converted (from 2.23); 2.22.3's that x 5/6;
+    2.18.5's none. So 2.26.2 runs NVLS for 32 KiB, 25 + 0.06 µs against Ring LL's 6.6 + 31 x 0.6 +
+    32 KiB / (min(282, 721.8 / 2) x 32/31) = 25.31, which Flint times at 35.5 + 32 KiB / (409.5 x
+    0.6, the correction at 2^9); its fastest is that Ring LL on the one channel of 16 it
+    launches, 25.2 + 32 KiB / (291.1 / 16) = 27.0 µs."""
+    rack, shape, total = nvl72_racks(1), Placement(32, 1), 32 * 1024
+    graph = 845.4 / (2 * 0.74 * 31 / 32)
+    for release, bandwidth in (("2.30.7", 845.4 * 31 / 64), ("2.26.2", graph), ("2.22.3", graph * 5 / 6),
+                               ("2.18.5", 0.0)):
+        found = {(a, p): (lat, bw) for a, p, lat, bw in rack.candidates(pb.ALL_GATHER, total, shape, release_tuner(release))}
+        assert found["NVLS", "Simple"][1] == pytest.approx(bandwidth), release
+        if bandwidth:
+            assert found["NVLS", "Simple"][0] == 25.0
+    ring_ll = 282 * 32 / 31
+    assert 25 + total / (graph * 1e3) < 25.2 + total / (ring_ll * 1e3)
+    chosen = nvl72_racks(1, "2.26.2").choose(pb.ALL_GATHER, total // 32, shape)
+    assert (chosen.algorithm, chosen.micros) == ("NVLS", pytest.approx(35.5 + total / (845.4 * 31 / 64 * 0.6 * 1e3)))
+    fastest = rack.choose(pb.ALL_GATHER, total // 32, shape)
+    assert (fastest.algorithm, fastest.protocol) == ("Ring", "LL")
+    assert fastest.micros == pytest.approx(25.2 + total / (ring_ll / 16 * 1e3))
+    assert fastest.micros == pytest.approx(27.0, abs=0.05)
 
 
 def test_across_two_nodes_small_all_reduces_take_the_tree():

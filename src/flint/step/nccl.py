@@ -76,10 +76,12 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
 Which exist (tuning.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with NVLink SHARP,
 across nodes only with SHARP in the network (as CollNet Direct); LL128 on NVLink nodes (not over
 PCI); PAT with one GPU per node; broadcast on the ring only; NVLS for an all-gather or
-reduce-scatter in one node (across nodes NCCL needs CollNet for it), at (ppn - 1) / 2 ppn of
-NVLS's all-reduce bus bandwidth as NCCL's tuner has it (`_nvls_gather_share`; before 2.28 its
-tuner predicts the NVLS graph's nChannels x bwIntra, with no 5/6): on 8 GPUs a ring is faster,
-on an NVL72 rack's 72, whose ring takes 71 steps, NVLS is from small sizes on.
+reduce-scatter in one node (across nodes NCCL needs CollNet for it) of at most 32 GPUs (NCCL's
+runtime skips it above NCCL_MAX_NVLS_ARITY from 2.26; Flint in every release), at (ppn - 1) / 2
+ppn of NVLS's all-reduce bus bandwidth as NCCL's tuner has it (`_nvls_gather_share`; before 2.28
+its tuner predicts the NVLS graph's nChannels x bwIntra, with no 5/6 from 2.23). By these times a
+ring is faster on every built-in network; NCCL's tuners predict NVLS for 16 to 32 GPUs of an NVL72
+rack at some sizes, and Flint then times it.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -326,8 +328,8 @@ class NcclModel:
         if comm_type == pb.BROADCAST:
             return ["Ring"]
         if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):  # NVLS in one node (across nodes NCCL needs CollNet)
-            return (["Ring"] + (["PAT"] if many and shape.ppn == 1 else [])
-                    + (["NVLS"] if cluster.node.nvls and not many and shape.ppn > 1 else []))
+            nvls = cluster.node.nvls and not many and 1 < shape.ppn <= NCCL["launch"]["nvls_gather_max_ranks"]
+            return ["Ring"] + (["PAT"] if many and shape.ppn == 1 else []) + (["NVLS"] if nvls else [])
         found = ["Ring"]
         if many:
             found.append("Tree")
