@@ -560,13 +560,18 @@ def test_a_network_file_without_channels_between_nodes_has_one_per_nic(tmp_path)
 
 def test_collnet_where_the_network_switches_reduce(tmp_path):
     """With SHARP in the scale-out network, 4 nodes of 8: CollNet Direct, 2 (min(1, 7) x 3.7 + 7 x
-    0.4) + 31 = 44.0 µs, at 0.85 x min(370.8, 8 x 47) / 2 GB/s."""
+    0.4) + 31 = 44.0 µs, at 0.85 x min(370.8, 8 x 47) / 2 GB/s; none with 16 GPUs of a node."""
     path = tmp_path / "sharp.toml"
     path.write_text('name = "sharp"\narchitecture = "hopper"\ncpu = "intel"\n[node]\ngpus = 8\nbus_gbps = 370.8\n'
                     "[scale_out]\nnics = 8\nnic_gbps = 47.0\nsharp = true\n")
     model = NcclModel(network_for(str(path), [("data", 4), ("tensor", 8)]))
     latency, bandwidth = candidate(model, pb.ALL_REDUCE, GIB, Placement(32, 4), "CollNet", "Simple")
     assert (latency, bandwidth) == pytest.approx((44.0, 0.85 * 370.8 / 2))
+    # NCCL runs CollNet Direct with at most 8 GPUs in the node (NCCL_MAX_DIRECT_ARITY + 1)
+    path.write_text(path.read_text().replace("gpus = 8", "gpus = 16").replace("nics = 8", "nics = 16"))
+    wide = NcclModel(network_for(str(path), [("data", 4), ("tensor", 16)]))
+    assert "CollNet" not in {a for a, *_ in wide.candidates(pb.ALL_REDUCE, GIB, Placement(64, 4))}
+    assert "CollNet" in {a for a, *_ in wide.candidates(pb.ALL_REDUCE, GIB, Placement(32, 4))}
 
 
 def test_pat_with_one_gpu_per_node():

@@ -73,15 +73,15 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
 - CollNet Direct: base + 2(min(1, ppn-1) intra + 0.4 (ppn-1)) + inter.
 - PAT: base + log2(nodes) inter / 3.5 + 2.8 N.
 
-Which exist (tuning.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with NVLink SHARP,
-across nodes only with SHARP in the network (as CollNet Direct); LL128 on NVLink nodes (not over
-PCI); PAT with one GPU per node; broadcast on the ring only; NVLS for an all-gather or
-reduce-scatter in one node (across nodes NCCL needs CollNet for it) of at most 32 GPUs (NCCL's
-runtime skips it above NCCL_MAX_NVLS_ARITY from 2.26; Flint in every release), at (ppn - 1) / 2
-ppn of NVLS's all-reduce bus bandwidth as NCCL's tuner has it (`_nvls_gather_share`; before 2.28
-its tuner predicts the NVLS graph's nChannels x bwIntra, with no 5/6 from 2.23). By these times a
-ring is faster on every built-in network; NCCL's tuners predict NVLS for 16 to 32 GPUs of an NVL72
-rack at some sizes, and Flint then times it.
+Which exist (tuning.cc, enqueue.cc): Tree and NVLS-Tree only across nodes; NVLS on nodes with
+NVLink SHARP, across nodes only with SHARP in the network (as CollNet Direct, which needs at most 8
+GPUs in the node); LL128 on NVLink nodes (not over PCI); PAT with one GPU per node; broadcast on
+the ring only; NVLS for an all-gather or reduce-scatter in one node (across nodes NCCL needs
+CollNet for it) of at most 32 GPUs (NCCL's runtime skips it above NCCL_MAX_NVLS_ARITY from 2.26;
+Flint in every release), at (ppn - 1) / 2 ppn of NVLS's all-reduce bus bandwidth as NCCL's tuner
+has it (`_nvls_gather_share`; before 2.28 its tuner predicts the NVLS graph's nChannels x bwIntra,
+with no 5/6 from 2.23). By these times a ring is faster on every built-in network; NCCL's tuners
+predict NVLS for 16 to 32 GPUs of an NVL72 rack at some sizes, and Flint then times it.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -337,7 +337,7 @@ class NcclModel:
             found.append("NVLS")
         if cluster.node.nvls and many and shape.ppn > 1:
             found.append("NVLS-Tree")
-        if many and sharp:
+        if many and sharp and shape.ppn <= NCCL["launch"]["collnet_direct_max_ranks"]:
             found.append("CollNet")
         return found
 
