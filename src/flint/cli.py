@@ -33,7 +33,8 @@ from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
 from flint.pipelining import SCHEDULES
-from flint.step.nccl import ALGORITHMS, NCCL, PROTOCOLS
+from flint.step.nccl import ALGORITHMS, PROTOCOLS
+from flint.step.network_files import nccl_releases
 from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS, RANK_FILE_CHOICES
 from flint.version import __version__
 
@@ -72,7 +73,7 @@ DEBUG = "flint.debug"
 """Key in `ctx.meta`, which every context of one command line shares, set by any `--debug`."""
 LARGE_TRACE_BYTES = 10**9
 """From this size on, `flint extract` says how large the rank traces will be before writing them."""
-NCCL_RELEASES = f"{NCCL['release'][-1]['version']} to {NCCL['release'][0]['version']}"
+NCCL_RELEASES = f"{nccl_releases()[0]} to {nccl_releases()[-1]}"
 """The NCCL releases whose tuners a network file's `nccl` may name, for --help."""
 
 

@@ -544,8 +544,8 @@ class NcclModel:
 
     def _p2p_latency(self, apart: bool) -> float:
         simple = PROTOCOLS.index("Simple")
-        hops = NCCL["hop_latency_us"]
-        latency = NCCL["base_latency_us"]["ring"][simple] + hops[self.cluster.node.link]["ring"][simple]
+        hops = NEWEST.hop_latency_us
+        latency = NEWEST.base_latency_us["ring"][simple] + hops[self.cluster.node.link]["ring"][simple]
         if apart:
             latency += self._inter("ring", simple, Placement(2, 2))
         return latency

@@ -120,14 +120,19 @@ def nccl_constants() -> dict:
     return tomllib.loads((resources.files(__package__) / FOLDER / CONSTANTS).read_text())
 
 
+def nccl_releases() -> list[str]:
+    """The NCCL releases Flint has the tuners of, oldest first."""
+    return [entry["version"] for entry in reversed(nccl_constants()["release"])]
+
+
 def nccl_release(version: str) -> str:
     """The release of NCCL `version` names: itself, or for a minor version ("2.26") its newest."""
-    releases = [entry["version"] for entry in nccl_constants()["release"]]
+    releases = nccl_releases()
     found = [r for r in releases if version in (r, r.rsplit(".", 1)[0])]
     if not found:
-        raise ValueError(f"nccl is {version!r}: Flint has the tuners of NCCL {releases[-1]} to {releases[0]} "
-                         f"({', '.join(reversed(releases))}); give one of those, or leave nccl out")
-    return found[0]
+        raise ValueError(f"nccl is {version!r}: Flint has the tuners of NCCL {releases[0]} to {releases[-1]} "
+                         f"({', '.join(releases)}); give one of those, or leave nccl out")
+    return found[-1]
 
 
 def _builtin() -> dict[str, NetworkFile]:
