@@ -134,17 +134,18 @@ def test_nvls_gathers_in_one_node_of_at_most_32_gpus():
 
 
 def test_nccls_tuners_predict_nvls_gathers_by_their_own_formula():
-    """32 GPUs of an NVL72 rack: 2.30.7's tuner predicts NVLS's all-gather at 25 µs and 845.4 x
-    31/64 = 409.5 GB/s, uncorrected; 2.26.2's (before 2.28) the NVLS graph's nChannels x bwIntra,
-    845.4 / (2 x 0.74 x 31/32) = 589.6 GB/s, not converted (from 2.23); 2.22.3's that x 5/6;
-    2.18.5's none. So 2.26.2 runs NVLS for 32 KiB, 25 + 0.06 µs against Ring LL's 6.6 + 31 x 0.6 +
-    32 KiB / (min(282, 721.8 / 2) x 32/31) = 25.31, which Flint times at 35.5 + 32 KiB / (409.5 x
-    0.6, the correction at 2^9); its fastest is that Ring LL on the one channel of 16 it
-    launches, 25.2 + 32 KiB / (291.1 / 16) = 27.0 µs."""
+    """32 GPUs of an NVL72 rack, whose NVLS graph has 32 channels of 20 GB/s (33 x 20 within a
+    GPU's 721.8; 24 would not fit): 2.30.7's tuner predicts NVLS's all-gather at 25 µs and 640 x
+    0.74 x 31/32 x 31/32 = 444.5 GB/s, uncorrected; 2.26.2's (before 2.28) nChannels x bwIntra,
+    640 GB/s, not converted (from 2.23); 2.22.3's that x 5/6; 2.18.5's none. So 2.26.2 runs NVLS
+    for 32 KiB, 25 + 0.05 µs against Ring LL's 6.6 + 31 x 0.6 + 32 KiB / (min(282, 721.8 / 2) x
+    32/31) = 25.31, which Flint times at 35.5 + 32 KiB / (845.4 x 31/64 x 0.6, the correction at
+    2^9); its fastest is that Ring LL on the one channel of 16 it launches, 25.2 + 32 KiB / (291.1
+    / 16) = 27.0 µs."""
     rack, shape, total = nvl72_racks(1), Placement(32, 1), 32 * 1024
-    graph = 845.4 / (2 * 0.74 * 31 / 32)
-    for release, bandwidth in (("2.30.7", 845.4 * 31 / 64), ("2.26.2", graph), ("2.22.3", graph * 5 / 6),
-                               ("2.18.5", 0.0)):
+    graph = 32 * 20.0
+    for release, bandwidth in (("2.30.7", graph * 0.74 * 31 / 32 * 31 / 32), ("2.26.2", graph),
+                               ("2.22.3", graph * 5 / 6), ("2.18.5", 0.0)):
         found = {(a, p): (lat, bw) for a, p, lat, bw in rack.candidates(pb.ALL_GATHER, total, shape, release_tuner(release))}
         assert found["NVLS", "Simple"][1] == pytest.approx(bandwidth), release
         if bandwidth:
@@ -157,6 +158,27 @@ def test_nccls_tuners_predict_nvls_gathers_by_their_own_formula():
     assert (fastest.algorithm, fastest.protocol) == ("Ring", "LL")
     assert fastest.micros == pytest.approx(25.2 + total / (ring_ll / 16 * 1e3))
     assert fastest.micros == pytest.approx(27.0, abs=0.05)
+
+
+def test_nccls_tuner_sizes_the_nvls_graph_of_part_of_a_node_by_its_search():
+    """4 of 8 H100s: NCCL's search gives the NVLS graph 4 channels of 60 GB/s (5 x 60 within a
+    GPU's 370.8), so 2.30.7's tuner predicts NVLS at 4 x 60 x 0.85 x 3/4 x 2 = 306 GB/s, not the
+    370 measured. At 16 MiB it so predicts NVLS 25 + 16 MiB / (306 x 4/6) = 107.2 µs against
+    Ring Simple's 8.4 + 6 x 3.4 + 16 MiB / (370.8 x 4/6) = 96.7: the ring, which Flint times
+    alike (hgx fits no ring step of its own). 2 GPUs: 2 channels of 60 (3 x 60 within 370.8):
+    2 x 60 x 0.85 x 1/2 x 2 = 102 GB/s."""
+    four, total = Placement(4, 1), 16 * MIB
+    tuned = NcclModel(replace(NODE.network, cluster=replace(NODE.cluster, nccl="2.30.7")))
+    newest = release_tuner("2.30.7")
+    found = {(a, p): (lat, bw) for a, p, lat, bw in tuned.candidates(pb.ALL_REDUCE, total, four, newest)}
+    assert found["NVLS", "Simple"] == pytest.approx((25.0, 4 * 60 * 0.85 * 3 / 4 * 2 * 4 / 6))
+    assert found["Ring", "Simple"] == pytest.approx((8.4 + 6 * 3.4, 370.8 * 4 / 6))
+    assert 25.0 + total / (306 * 4 / 6 * 1e3) == pytest.approx(107.2, abs=0.05)
+    chosen = tuned.choose(pb.ALL_REDUCE, total, four)
+    assert (chosen.algorithm, chosen.protocol) == ("Ring", "Simple")
+    assert chosen.micros == pytest.approx(28.8 + total / (370.8 * 4 / 6 * 1e3))
+    two = {(a, p): bw for a, p, _, bw in tuned.candidates(pb.ALL_REDUCE, total, Placement(2, 1), newest)}
+    assert two["NVLS", "Simple"] == pytest.approx(2 * 60 * 0.85 * 1 / 2 * 2 * 2 / 2)
 
 
 def test_across_two_nodes_small_all_reduces_take_the_tree():
@@ -432,10 +454,11 @@ def test_before_2_21_ring_ll_took_a_quarter_so_nvls_ran_from_512_kib():
     """One 8x H100 node, 512 KiB all-reduce. 2.24.3's tuner: Ring LL 6.6 + 14 x 0.6 = 15.0 µs at
     min(141, 370.8 / 2) x 8/14 = 80.57 GB/s, 21.51 µs; NVLS 25 + 512 KiB / (322.7 x 5/6): 26.95:
     Ring LL, which Flint times so too. 2.20.5's: Ring LL at min(87.7, 370.8 / 4) x 8/14 = 50.11,
-    25.46 µs; NVLS 23 + 1.95 = 24.95: NVLS, as 2.18.5's (its base 23): Flint times NVLS 35.5 +
-    512 KiB / (480 x 8/14 x 0.5, the correction at log2(512 KiB / 64) = 13) = 39.32 µs."""
+    25.46 µs; NVLS 23 + 1.97 = 24.97: NVLS, as 2.18.5's (its base 23): Flint times NVLS 35.5 +
+    512 KiB / (480 x 8/14 x 0.5, the correction at log2(512 KiB / 64) = 13) = 39.32 µs. The NVLS
+    graph: 8 channels of 40 GB/s in every release (9 x 40 within a GPU's 370.8; 50 would not fit)."""
     size, shape = 512 * 1024, Placement(8, 1)
-    nvls_graph = 480 / (2 * 0.85 * 7 / 8)
+    nvls_graph = 8 * 40.0
     assert 15.0 + size / (141 * 8 / 14 * 1e3) < 25 + size / (nvls_graph * 5 / 6 * 1e3)
     assert 15.0 + size / (87.7 * 8 / 14 * 1e3) > 23 + size / (nvls_graph * 5 / 6 * 1e3)
     for release, algorithm, micros in (("2.24.3", "Ring", 15.0 + size / (141 * 8 / 14 * 1e3)),

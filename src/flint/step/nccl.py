@@ -15,7 +15,8 @@ Ring or Tree collective (see `_launched_share`), which the time counts.
 **Which runs.** By default the fastest by these times. Where the network file names the NCCL
 release the cluster runs (`nccl`, 2.18.1 to 2.30.7), what that release's tuner predicts fastest
 (`Tuner`: NCCL's own constants where Flint fitted its own, no size correction of NVLS but
-NVLS-Tree's on Blackwell with x86 hosts from 2.29.2, the release's tables, and the formulas that
+NVLS-Tree's on Blackwell with x86 hosts from 2.29.2, NVLS in one node from the graph NCCL's search
+finds there rather than from the measured bandwidth, the release's tables, and the formulas that
 changed: NVLS's before 2.28 and 2.19, Ring LL's share before 2.21, the tree's latency, a ring's
 network steps and PAT before 2.23), timed as above: releases differ in where they leave the tree
 for NVLS-Tree and Ring LL for NVLS, and the measured runs follow their own.
@@ -328,7 +329,7 @@ class NcclModel:
         if comm_type == pb.BROADCAST:
             return ["Ring"]
         if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):  # NVLS in one node (across nodes NCCL needs CollNet)
-            nvls = cluster.node.nvls and not many and 1 < shape.ppn <= NCCL["launch"]["nvls_gather_max_ranks"]
+            nvls = cluster.node.nvls and not many and 1 < shape.ppn <= NCCL["launch"]["max_nvls_arity"]
             return ["Ring"] + (["PAT"] if many and shape.ppn == 1 else []) + (["NVLS"] if nvls else [])
         found = ["Ring"]
         if many:
@@ -428,6 +429,8 @@ class NcclModel:
             efficiency = NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]
             if not efficiency:
                 return 0.0  # before Hopper NCCL finds no NVLS graph (search.cc), whatever the file says
+            if shape.nodes == 1:
+                return self._nvls_bus_in_one_node(efficiency, shape, tuner)
             if tuner.nvls_before_2_28:
                 return self._nvls_bus_before_2_28(algorithm, nvls, efficiency, shape, tuner)
         if algorithm == "NVLS":
@@ -439,21 +442,47 @@ class NcclModel:
             return fabric * 0.85
         return fabric * rules.pat_bus_fraction  # PAT
 
+    def _nvls_bus_in_one_node(self, efficiency: float, shape: Placement, tuner: Tuner) -> float:
+        """NVLS's bus bandwidth in one node as NCCL's tuner predicts it: its NVLS graph's nChannels
+        x bwIntra (`_nvls_graph_gbps`); from 2.28 times nvlsEfficiency x (nChannels - 1) /
+        nChannels x 2 for an all-reduce (the x 2 that `_nvls_gather_share` takes back for a
+        gather). On 8x H100, 8 x 40 x 0.85 x 7/8 x 2 = 476 GB/s (480 measured); on 4 of its GPUs
+        4 x 60 x 0.85 x 3/4 x 2 = 306, below the ring's, where the measured 370 would tie it."""
+        graph = self._nvls_graph_gbps(shape, tuner)
+        if tuner.nvls_before_2_28:
+            return graph
+        channels = self._nvls_channels(shape)
+        return graph * efficiency * (channels - 1) / channels * 2
+
+    def _nvls_channels(self, shape: Placement) -> int:
+        """The NVLS graph's channels in one node: one per GPU (search.cc forces as many as the
+        node's GPUs, so that each pulls alike), at most NCCL_MAX_NVLS_ARITY."""
+        return min(math.ceil(shape.ppn), NCCL["launch"]["max_nvls_arity"])
+
+    def _nvls_graph_gbps(self, shape: Placement, tuner: Tuner) -> float:
+        """nChannels x bwIntra of NCCL's NVLS graph in one node (search.cc
+        ncclTopoSearchTryNvls): each channel crosses every GPU's NVLink to the switches once and
+        its head GPU's twice, so at speed s a GPU's link (the node's `bus_gbps`, its NVLinks
+        together as NCCL's topology has them) carries (channels + 1) x s. The search keeps the
+        fastest of its speeds (the release's `nvls_speeds_gbps`) that fits: on 8x H100 (370.8 GB/s
+        a GPU) 40 for 8 channels, 60 for 4; where none fits, NCCL has no NVLS graph."""
+        channels = self._nvls_channels(shape)
+        speeds = tuner.architecture[self.cluster.architecture]["nvls_speeds_gbps"]
+        fitting = [s for s in speeds if (channels + 1) * s <= self.cluster.node.bus_gbps]
+        return channels * max(fitting) if fitting else 0.0
+
     def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, efficiency: float, shape: Placement,
                               tuner: Tuner) -> float:
-        """NVLS's and NVLS-Tree's bus bandwidth as NCCL's tuner before 2.28 predicts it: the NVLS
-        graph's channels times the least of its speed in the node and between nodes (for
-        NVLS-Tree beyond 2 nodes half that; before 2.19 the node's speed on up to 2 nodes, the
-        network's beyond). From 2.28 the node's part is nChannels x bwIntra x nvlsEfficiency x
-        (nChannels - 1) / nChannels x 2 for an all-reduce, which `nvls_bus_gbps` (measured) stands
-        for; so nChannels x bwIntra is that over the rest (`efficiency`: the architecture's
-        nvlsEfficiency), with one channel per GPU of the node (search.cc: NVLS's graph has a head
-        per GPU). On 8x H100, 480 GB/s gives 323 (NCCL's
-        search: 8 channels of 40)."""
+        """NVLS's and NVLS-Tree's bus bandwidth across nodes as NCCL's tuner before 2.28 predicts
+        it: the NVLS graph's channels times the least of its speed in the node and between nodes
+        (for NVLS-Tree beyond 2 nodes half that; before 2.19 the node's speed on up to 2 nodes,
+        the network's beyond). From 2.28 the node's part is nChannels x bwIntra x nvlsEfficiency
+        x (nChannels - 1) / nChannels x 2 for an all-reduce, which `nvls_bus_gbps` (measured)
+        stands for; so nChannels x bwIntra is that over the rest (`efficiency`: the
+        architecture's nvlsEfficiency), with one channel per GPU of the node. On 8x H100, 480
+        GB/s gives 323 (NCCL's search: 8 channels of 40)."""
         gpus = math.ceil(shape.ppn)
         intra = nvls / (2 * efficiency * (gpus - 1) / gpus)
-        if shape.nodes == 1:
-            return intra
         nics = self._nics(shape)
         if tuner.nvls_before_2_19:
             return intra if shape.nodes <= 2 else nics
