@@ -25,10 +25,10 @@
    one to 128 nodes of 8 H100, two nodes of 8 A100, one, two and twenty GB200 NVL72 racks) and
    four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
    H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted,
-   those that state an NCCL release with its tuner choosing (`nccl`): one line per
-   size, then each run's worst and median ratio by size band and its largest size's bus
-   bandwidth; then, where two or more published runs share a placement (those of 1. and 3. among
-   them), the range they span at each size and where Flint's fastest falls in it.
+   those that state an NCCL release with its tuner choosing (`nccl`; the others the newest
+   release's): one line per size, then each run's worst and median ratio by size band and its
+   largest size's bus bandwidth; then, where two or more published runs share a placement (those of 1. and 3. among
+   them), the range they span at each size and where Flint falls in it (the newest tuner's pick).
 5. Runs of one cluster at two sizes (`transfer.toml`): `flint calibrate --network` fitted to the
    smaller, the larger beside the network before and after the fit: how far a fit on a small
    allocation carries to more nodes (worst and median ratio by size band).
@@ -67,7 +67,7 @@ def run_beside(run: NcclTestsRun, network, ranks: int | None = None, nodes: int 
     forced = f", {forced_name(algorithm, protocol)} forced" if algorithm or protocol else ""
     print(f"\n{run.path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
           f"network {network.name}, in place{forced}")
-    print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  Flint's choice")
+    print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  NCCL runs (its tuner's pick)")
     ratios = []
     for row in run.rows:
         choice = modelled(network, run.comm_type, row.size, placement, algorithm, protocol)

@@ -554,8 +554,8 @@ def _network_options(command):
         click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl",
                      show_default=True,
                      help="How collectives are timed: as NCCL runs them (its algorithms, protocols and "
-                          "tuner, on the network file's bandwidths; the fastest, or what the tuner of the "
-                          f"release the file names with nccl = \"2.26.2\" picks, {NCCL_RELEASES}), or as "
+                          "tuner, on the network file's bandwidths: what the tuner of the release the file "
+                          f"names with nccl = \"2.26.2\" picks, {NCCL_RELEASES}; the newest without), or as "
                           "ASTRA-sim's analytical backend times them (a ring per network dimension)."),
         click.option("--network", metavar="NETWORK", callback=_named,
                      help=f"Network: {', '.join(BUILTIN_NETWORKS)} (flint/step/networks/), a network "
@@ -754,9 +754,9 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
               help="Network: a built-in one (hgx, hgx-h200, hgx-a100, hgx-b200, nvl72, flat), a network file "
                    "(.toml), or an ASTRA-sim network (.yml).")
 @click.option("--collectives", type=click.Choice(["nccl", "astra-sim"]), default="nccl", show_default=True,
-              help="How the estimator times collectives: as NCCL runs them (the fastest of its algorithms "
-                   "and protocols, or what the tuner of the release a network file names with "
-                   f"nccl = \"2.26.2\" picks, {NCCL_RELEASES}), or as ASTRA-sim's analytical backend times "
+              help="How the estimator times collectives: as NCCL runs them (the algorithms and protocols "
+                   "the tuner of the release a network file names with nccl = \"2.26.2\" picks, "
+                   f"{NCCL_RELEASES}; the newest without), or as ASTRA-sim's analytical backend times "
                    "them (which it agrees with).")
 @click.option("--roofline", is_flag=True,
               help="Let ASTRA-sim time compute from FLOPs and bytes (its roofline mode) instead of "

@@ -10,8 +10,8 @@ H100 nodes: 8 channels of 57.7 GB/s), a run faster than that fits the channels b
 bounds it past the caps. A ring across nodes measures the NICs even where the node's ring bandwidth
 is as low (as on hgx): a slower run is put down to them. In a node it is NVLS's bus bandwidth for
 that many GPUs, or the ring's. That number is set so that the largest size takes its measured time
-(the value nearest the file's own, where a network's NCCL release runs a slower algorithm past some
-value; runs that measure one number share it: their mean). The node's numbers are fitted before the NICs',
+(the value nearest the file's own, where NCCL's tuner runs a slower algorithm past some value; runs
+that measure one number share it: their mean). The node's numbers are fitted before the NICs',
 so that a one-node run given beside runs across nodes sets the node the NICs are fitted on. Runs
 made with NCCL_ALGO or NCCL_PROTO set hold the model to that algorithm or protocol (`algorithm`,
 `protocol`): nccl-tests' output does not record them, and NCCL's choice would time another algorithm
@@ -31,8 +31,8 @@ around its best), in turns with the bandwidths until they hold:
   them, and a latency fitted to steps between nodes would move every one-node time.
 
 A number the sizes leave loose (a step either way, the bandwidths refitted, fits them as well:
-LL128's share where LL128 loses at every size; a latency where a run has one size) keeps the file's
-own value where that fits as well, and is not reported as fitted. A run whose largest size does not
+LL128's share where NCCL's tuner runs LL128 at no size; a latency where a run has one size) keeps the
+file's own value where that fits as well, and is not reported as fitted. A run whose largest size does not
 depend on its bandwidth (an LL ring at its cap) cannot fit it, and is refused, as is one whose
 largest size took less than the model's latency, or longer than the model takes at any bandwidth
 (another algorithm, on the network's other numbers, outruns it: not the machine's network) or less
@@ -286,7 +286,7 @@ def _unsettled(network: NetworkFile, moved: Callable[[NetworkFile], NetworkFile]
                runs: Sequence[PlacedRun]) -> bool:
     """Whether the sizes leave `network`'s value of `shape` loose: a fine step to either side
     (within the range), the bandwidths it moves refitted (`moved`), fits them as well. So they
-    bound the number at most, as LL128's share where LL128 loses at every size, or a latency
+    bound the number at most, as LL128's share where NCCL runs LL128 at no size, or a latency
     measured at one size, where any latency fits with its own bandwidth."""
     value, misfit = _get(network, shape.key), _misfit(network, runs)
     steps = (round(value + step, 6) for step in (-shape.fine, shape.fine))

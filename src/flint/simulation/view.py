@@ -24,8 +24,7 @@ def _fabric(simulation: Simulation) -> str:
     if cluster.scale_out is not None:
         out = cluster.scale_out
         text += f"; {out.nics} NICs a node at {out.nic_gbps:g} GB/s{', SHARP' if out.sharp else ''}"
-    if cluster.nccl is not None:
-        text += f"; NCCL {cluster.nccl}'s tuner picks"
+    text += f"; NCCL {cluster.release}'s tuner picks"
     return text
 
 

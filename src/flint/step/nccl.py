@@ -1,9 +1,10 @@
 """How long a collective takes as NCCL runs it: its algorithms, protocols and tuner.
 
 NCCL predicts, for each collective, size and communicator, the time of every algorithm and protocol
-it has on the machine and runs the fastest (NVIDIA/nccl src/graph/tuning.cc). Flint does the same,
-with NCCL's constants (`networks/nccl.toml`, each from tuning.cc) and the machine's bandwidths from
-its network file (`flint.step.network_files`, each with its source). For a group of N ranks on
+it has on the machine and runs the one it predicts fastest (NVIDIA/nccl src/graph/tuning.cc). Flint
+picks as that tuner does (below, "Which runs") and times the pick with NCCL's constants
+(`networks/nccl.toml`, each from tuning.cc) and the machine's bandwidths from its network file
+(`flint.step.network_files`, each with its source). For a group of N ranks on
 `nodes` nodes, ppn = N / nodes of them per node, and nBytes as NCCL counts them (the whole buffer;
 an all-gather's output, a reduce-scatter's input):
 
@@ -12,8 +13,8 @@ an all-gather's output, a reduce-scatter's input):
 NCCL chooses by that time with every channel launched; its runtime then launches fewer for a small
 Ring or Tree collective (see `_launched_share`), which the time counts.
 
-**Which runs.** By default the fastest by these times. Where the network file names the NCCL
-release the cluster runs (`nccl`, 2.18.1 to 2.30.7), what that release's tuner predicts fastest
+**Which runs.** What NCCL's tuner predicts fastest, whether or not it is: the tuner of the release
+the network file names (`nccl`, 2.18.1 to 2.30.7), else of the newest (`NetworkFile.release`)
 (`Tuner`: NCCL's own constants where Flint fitted its own, no size correction of NVLS but
 NVLS-Tree's on Blackwell with x86 hosts from 2.29.2, NVLS in one node from the graph NCCL's search
 finds there rather than from the measured bandwidth, the release's tables, and the formulas that
@@ -82,7 +83,7 @@ CollNet for it) of at most 32 GPUs (NCCL's runtime skips it above NCCL_MAX_NVLS_
 Flint in every release), at (ppn - 1) / 2 ppn of NVLS's all-reduce bus bandwidth as NCCL's tuner
 has it (`_nvls_gather_share`; before 2.28 its tuner predicts the NVLS graph's nChannels x bwIntra,
 with no 5/6 from 2.23). By these times a ring is faster on every built-in network; NCCL's tuners
-predict NVLS for 16 to 32 GPUs of an NVL72 rack at some sizes, and Flint then times it.
+predict NVLS for 16 to 32 GPUs of an NVL72 rack at some sizes, so it runs there, as Flint times it.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -259,8 +260,8 @@ class NcclModel:
     def choose(self, comm_type: int, nbytes: int, shape: Placement, algorithm: str | None = None,
                protocol: str | None = None) -> Choice:
         """NCCL's choice for a collective of Chakra's `comm_type` and `nbytes` over a group of
-        `shape`: the fastest of what the machine has (of that `algorithm` and `protocol` where
-        given, as NCCL_ALGO and NCCL_PROTO hold NCCL to them)."""
+        `shape`: what its tuner predicts fastest of what the machine has (of that `algorithm` and
+        `protocol` where given, as NCCL_ALGO and NCCL_PROTO hold NCCL to them), as Flint times it."""
         if comm_type == pb.ALL_TO_ALL:
             return Choice("P2P", "Simple", self._all_to_all(nbytes, shape))
         if comm_type == SEND_RECV:  # the slowest pair: between nodes where the group spans several
@@ -271,14 +272,11 @@ class NcclModel:
         if not options:
             raise FlintError(f"NCCL has no {forced_name(algorithm, protocol)} here for this collective: "
                              "choose another algorithm or protocol")
-        # the tuner's pick, timed as if every channel ran; then the time on the channels launched
-        tuner = release_tuner(self.cluster.nccl) if self.cluster.nccl else None
-        if tuner is None:  # the fastest by Flint's own times
-            name, proto, latency, bandwidth = min(options, key=lambda o: o[2] + total / (o[3] * 1e3))
-        else:
-            predicted = {(a, p): lat + total / (bw * 1e3)
-                         for a, p, lat, bw in self.candidates(comm_type, total, shape, tuner) if bw > 0}
-            name, proto, latency, bandwidth = min(options, key=lambda o: predicted.get(o[:2], math.inf))
+        # the tuner's pick, predicted as if every channel ran; then Flint's time on the channels launched
+        tuner = release_tuner(self.cluster.release)
+        predicted = {(a, p): lat + total / (bw * 1e3)
+                     for a, p, lat, bw in self.candidates(comm_type, total, shape, tuner) if bw > 0}
+        name, proto, latency, bandwidth = min(options, key=lambda o: predicted.get(o[:2], math.inf))
         share = self._launched_share(name, proto, total, shape)
         return Choice(name, proto, latency + total / (bandwidth * share * 1e3))
 

@@ -120,7 +120,7 @@ class Network:
         return tuple(coords)
 
     def as_json(self) -> dict:
-        return {"name": self.name, "nccl": self.cluster.nccl if self.cluster else None,
+        return {"name": self.name, "nccl": self.cluster.release if self.cluster else None,
                 "dimensions": [d.as_json() for d in self.dimensions]}
 
 

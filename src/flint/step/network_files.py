@@ -18,8 +18,9 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
 
 `architecture` (ampere, hopper, blackwell) and `cpu` (intel, amd, other: not x86) pick NCCL's
 constants (`networks/nccl.toml`). `nccl` (a release, such as "2.26.2", or a minor version, "2.26",
-for its newest release; absent: none) is the NCCL the cluster runs: its tuner then picks each
-collective's algorithm and protocol as that release would, and Flint times it (`flint.step.nccl`).
+for its newest release; absent: the newest release Flint has) is the NCCL the cluster runs: its
+tuner picks each collective's algorithm and protocol as that release would, and Flint times it
+(`flint.step.nccl`).
 Each tier also gives the link bandwidth and hop latency ASTRA-sim's analytical backend is handed
 (`astra_sim_gbps`, `astra_sim_latency_ns`): `flint.step.network` lays those out over the mesh.
 `flint calibrate --network` writes a file of this form.
@@ -99,8 +100,8 @@ def channels_per_nic(nics: int, node: NodeTier) -> float:
 @dataclass(frozen=True)
 class NetworkFile:
     """A cluster's fabric: its node, the network between nodes (None: one node), NCCL's constants'
-    `architecture` and `cpu`, the NCCL release whose tuner picks (None: the fastest by Flint's
-    times), and each number's source."""
+    `architecture` and `cpu`, the NCCL release the file names (None: none; `release` is the one
+    whose tuner picks), and each number's source."""
 
     name: str
     architecture: str
@@ -109,6 +110,12 @@ class NetworkFile:
     scale_out: ScaleOut | None = None
     sources: tuple[tuple[str, str], ...] = ()
     nccl: str | None = None
+
+    @property
+    def release(self) -> str:
+        """The NCCL release whose tuner picks the collectives: the file's `nccl`, else the newest
+        Flint has, as a cluster that states none most likely runs a current NCCL."""
+        return self.nccl or nccl_releases()[-1]
 
     def with_sources(self, **sources: str) -> NetworkFile:
         return replace(self, sources=tuple(sorted({**dict(self.sources), **sources}.items())))
