@@ -5,9 +5,8 @@ An 8-GPU node all-reducing with NVLS at 600 GB/s bus bandwidth after 60 µs: S b
 (600 x 8 / 14 x c x 10^3) µs (NCCL's algorithm bandwidth is the bus's times N / 2(N-1); c is NCCL's
 tree correction for Simple, which Flint gives NVLS and NVLS-Tree: 0.8 at 64 MiB, 0.9 at 128 to 512
 MiB, none from 1 GiB; NCCL's tuner, predicting by its own constants, runs NVLS at these sizes).
-From
-1 GiB on, where nothing is corrected, some runs take 400 GB/s. An all-gather
-on a ring of 300 GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple latency on NVLink) + S /
+From 1 GiB on, where nothing is corrected, some runs take 400 GB/s. An all-gather on a ring of 300
+GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple latency on NVLink) + S /
 (300 x 8 / 7 x 10^3).
 """
 
