@@ -105,7 +105,7 @@ from dataclasses import dataclass, field
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.network import Network
-from flint.step.network_files import X86, NetworkFile, nccl_constants
+from flint.step.network_files import X86, NetworkFile, nccl_constants, nccl_releases
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLS-Tree", "CollNet", "PAT")
@@ -178,7 +178,7 @@ def _merge(into: dict, changes: dict) -> None:
             into[key] = value
 
 
-NEWEST = release_tuner(NCCL["release"][0]["version"])
+NEWEST = release_tuner(nccl_releases()[-1])
 """The newest release's tuner, whose constants Flint's own times take."""
 
 
@@ -424,7 +424,7 @@ class NcclModel:
             return bus
         nvls = self.cluster.node.nvls_bus(shape.ppn) if self.cluster.node.nvls else 0.0
         if tuner is not None and algorithm in ("NVLS", "NVLS-Tree"):
-            efficiency = NCCL["architecture"][self.cluster.architecture]["nvls_efficiency"]
+            efficiency = tuner.architecture[self.cluster.architecture]["nvls_efficiency"]
             if not efficiency:
                 return 0.0  # before Hopper NCCL finds no NVLS graph (search.cc), whatever the file says
             if shape.nodes == 1:
