@@ -169,16 +169,19 @@ def fitted_runs(folder: Path) -> list[tuple[dict, NcclTestsRun]]:
     return runs
 
 
-def held_network(entry: dict) -> NetworkFile:
-    """A held-out run's network: its built-in file, with the NCCL release the run states (`nccl`:
-    its tuner picks the algorithms) and the channels between nodes the run set (`channels`, where
-    NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
-    network = BUILTIN_NETWORKS[entry["network"]]
-    if "nccl" in entry:
-        network = replace(network, nccl=nccl_release(entry["nccl"]))
+def held_network(entry: dict, run: NcclTestsRun | None = None) -> NetworkFile:
+    """A held-out run's network: its built-in file, with the NCCL release the run states (`nccl`,
+    else the one its output states: its tuner picks the algorithms) and the channels between nodes
+    the run set (`channels`, where NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
+    network = with_release(BUILTIN_NETWORKS[entry["network"]], entry.get("nccl") or (run.nccl if run else None))
     if "channels" not in entry:
         return network
     return replace(network, scale_out=replace(network.scale_out, channels=entry["channels"]))
+
+
+def with_release(network: NetworkFile, release: str | None) -> NetworkFile:
+    """`network` under the tuner of NCCL `release` where one is given."""
+    return replace(network, nccl=nccl_release(release)) if release else network
 
 
 def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
@@ -192,7 +195,7 @@ def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
     runs += [(entry, curve_run(entry)) for entry in curves]
     summary = []
     for entry, run in runs:
-        network = held_network(entry)
+        network = held_network(entry, run)
         ratios = run_beside(run, network, entry["ranks"], entry["nodes"], entry.get("algorithm"), entry.get("protocol"))
         rows = run.rows
         bands = [[r for row, r in zip(rows, ratios) if low <= row.size <= high] for low, high, _ in BANDS[::-1]]
@@ -287,7 +290,8 @@ def main() -> None:
     transfers(folder)
     network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
     for path in args.files:
-        run_beside(read_nccl_tests(path), network, args.ranks, args.nodes)
+        run = read_nccl_tests(path)
+        run_beside(run, with_release(network, run.nccl), args.ranks, args.nodes)
 
 
 if __name__ == "__main__":

@@ -337,20 +337,28 @@ def test_a_ring_across_nodes_faster_than_the_nodes_ring_names_it(tmp_path):
                    "node.bus_gbps (370.8) bounds Ring Simple: the run is faster than hgx can be")
 
 
-def test_under_an_older_releases_tuner_the_nics_fit_below_its_switch(tmp_path):
-    """Four hgx nodes of 8 whose NICs carry 46.1 GB/s, under NCCL 2.26.2's tuner (the network
-    file's nccl): 1 to 16 GiB run a Simple ring, whose bus bandwidth is the least of the node's
-    (370.8) and its 8 GPUs' NICs (368.8), after (8.4 + 56 x 3.4 + 6 x 14) x 1.4 µs (as above, 6
-    steps between nodes). 2.26.2 predicts NVLS-Tree at 5/6 x min(480 / (2 x 0.85 x 7/8), 8 x NIC
-    / 2) GB/s, so from 57.3 GB/s NICs on it runs that, which Flint times at 8 channels' cap (364):
-    slower than the ring, 91,564 µs at 16 GiB against the measured 90,650. The time is then not
-    falling everywhere as the NICs grow: the fit steps down from the file's 47 to the crossing,
-    where a bisection over the whole range ended at its top, above the switch, and refused."""
+def ring_across_four_nodes() -> dict[int, float]:
+    """A Simple ring over four hgx nodes of 8 whose NICs carry 46.1 GB/s, 1 to 16 GiB: its bus
+    bandwidth the least of the node's (370.8) and its 8 GPUs' NICs (368.8), after (8.4 + 56 x 3.4 +
+    6 x 14) x 1.4 µs (as above, with 6 steps between nodes)."""
     latency = (8.4 + 56 * 3.4 + 6 * 14) * 1.4
-    times = {size: latency + size / (8 * 46.1 * 32 / 62 * 1e3) for size in SIZES if size >= 2**30}
-    header = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} device  {r % 8} [0x1b] NVIDIA H100\n"
+    return {size: latency + size / (8 * 46.1 * 32 / 62 * 1e3) for size in SIZES if size >= 2**30}
+
+
+FOUR_NODES = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} device  {r % 8} [0x1b] NVIDIA H100\n"
                      for r in range(32))
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=header)
+
+
+def test_under_an_older_releases_tuner_the_nics_fit_below_its_switch(tmp_path):
+    """The four-node ring (`ring_across_four_nodes`) under NCCL 2.26.2's tuner (the network file's
+    nccl): 1 to 16 GiB run the ring. 2.26.2 predicts NVLS-Tree at 5/6 x min(480 / (2 x 0.85 x
+    7/8), 8 x NIC / 2) GB/s, so from 57.3 GB/s NICs on it runs that, which Flint times at 8
+    channels' cap (364): slower than the ring, 91,564 µs at 16 GiB against the measured 90,650.
+    The time is then not falling everywhere as the NICs grow: the fit steps down from the file's 47
+    to the crossing, where a bisection over the whole range ended at its top, above the switch, and
+    refused."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", ring_across_four_nodes(),
+                          header=FOUR_NODES)
     base = tmp_path / "hgx-2.26.toml"
     shipped = (resources.files("flint.step") / "networks" / "hgx.toml").read_text()
     base.write_text(shipped.replace('cpu = "intel"', 'cpu = "intel"\nnccl = "2.26.2"'))
@@ -361,6 +369,95 @@ def test_under_an_older_releases_tuner_the_nics_fit_below_its_switch(tmp_path):
                              "scale_out.latency_us": pytest.approx(0, abs=0.05)}
     assert {(row["algorithm"], row["protocol"]) for row in fit["runs"][0]["rows"]} == {("Ring", "Simple")}
     assert load_network_file(tmp_path / "f.toml").nccl == "2.26.2"
+
+
+STATES_2_26_2 = "# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602\n"
+"""nccl-tests' first line from 2.17: its NCCL headers' and library's NCCL_VERSION_CODE."""
+
+
+def test_the_release_a_run_states_is_the_tuner_the_fit_takes_and_the_file_names(tmp_path):
+    """The four-node ring above, its output stating NCCL 2.26.2 (nccl-library=22602) and the network
+    hgx, which names no release: the fit takes 2.26.2's tuner, so finds the ring's 46.1 GB/s NICs
+    with no latency, and writes nccl = "2.26.2" with its source. The same rows stating nothing are
+    fitted under 2.30.7's tuner, which predicts NVLS-Tree faster at some sizes: a latency of tens of
+    µs then makes up what the ring's lines do not."""
+    written = tmp_path / "f.toml"
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", ring_across_four_nodes(),
+                          header=STATES_2_26_2 + FOUR_NODES)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", written, "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert (fit["nccl"], fit["nccl_from"]) == ("2.26.2", "stated by the runs' output")
+    assert fit["fitted"] == {"scale_out.nic_gbps": pytest.approx(46.1, rel=0.001),
+                             "scale_out.latency_us": pytest.approx(0, abs=0.05)}
+    network = load_network_file(written)
+    assert network.nccl == "2.26.2"
+    assert dict(network.sources)["nccl"] == ("the NCCL release that ran all_reduce_perf.txt (stated by the runs' "
+                                             "output)")
+    silent = tmp_path / "silent" / "all_reduce_perf.txt"
+    silent.parent.mkdir()
+    nccl_tests(silent, "all_reduce_perf", ring_across_four_nodes(), header=FOUR_NODES)
+    run = flint("calibrate", "--network", "hgx", silent, "-o", tmp_path / "g.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert (fit["nccl"], fit["nccl_from"]) == ("2.30.7", "the newest Flint has; the runs state none")
+    assert fit["fitted"]["scale_out.latency_us"] > 10
+    assert load_network_file(tmp_path / "g.toml").nccl is None
+
+
+def test_nccls_own_log_line_states_the_release_and_nccl_gives_one_where_none_is_stated(tmp_path):
+    """NCCL_DEBUG=INFO logs "NCCL version 2.26.2+cuda12.8" among the rows (before, a line of NCCL's
+    log was refused as not a row of the table); --nccl 2.26 (its newest, 2.26.6) gives the rows
+    that state nothing a tuner that, as 2.26.2's, runs the ring at every size."""
+    logged = "node0:100:100 [0] NCCL INFO NCCL version 2.26.2+cuda12.8\n"
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", ring_across_four_nodes(),
+                          header=FOUR_NODES)
+    lines = measured.read_text().splitlines(keepends=True)
+    measured.write_text("".join(lines[:-3] + [logged] + lines[-3:]))  # between two rows
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["nccl"] == "2.26.2"
+    silent = tmp_path / "reduce" / "all_reduce_perf.txt"
+    silent.parent.mkdir()
+    nccl_tests(silent, "all_reduce_perf", ring_across_four_nodes(), header=FOUR_NODES)
+    run = flint("calibrate", "--network", "hgx", silent, "--nccl", "2.26", "-o", tmp_path / "g.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    fit = json.loads(run.stdout)
+    assert (fit["nccl"], fit["nccl_from"]) == ("2.26.6", "given as --nccl")
+    assert fit["fitted"]["scale_out.latency_us"] == pytest.approx(0, abs=0.05)
+    assert {(row["algorithm"], row["protocol"]) for row in fit["runs"][0]["rows"]} == {("Ring", "Simple")}
+
+
+@pytest.mark.parametrize("case", ["two in one file", "two runs", "--nccl against the run", "unknown", "unknown --nccl"])
+def test_releases_that_disagree_or_that_flint_has_no_tuner_of_are_one_line(tmp_path, case):
+    """Each refusal names what disagrees and what to do; NCCL_VERSION_CODE before 2.9 was major x 1000
+    + minor x 100 + patch (2804: 2.8.4)."""
+    times, written = ring_across_four_nodes(), tmp_path / "f.toml"
+    first = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=STATES_2_26_2 + FOUR_NODES)
+    if case == "two in one file":
+        both = nccl_tests(tmp_path / "both_all_reduce_perf.txt", "all_reduce_perf", times,
+                          header=STATES_2_26_2 + FOUR_NODES + "# NCCL INFO NCCL version 2.27.3+cuda12.9\n")
+        run, words = flint("calibrate", "--network", "hgx", both, "-o", written), \
+            "both_all_reduce_perf.txt: states NCCL releases 2.26.2, 2.27.3: one run ran one"
+    elif case == "two runs":
+        other = nccl_tests(tmp_path / "other_all_reduce_perf.txt", "all_reduce_perf", times,
+                           header=STATES_2_26_2.replace("22602", "22703") + FOUR_NODES)
+        run, words = flint("calibrate", "--network", "hgx", first, other, "-o", written), \
+            ("the runs state different NCCL releases (all_reduce_perf.txt: 2.26.2, other_all_reduce_perf.txt: "
+             "2.27.3): fit each release's runs on their own")
+    elif case == "--nccl against the run":
+        run, words = flint("calibrate", "--network", "hgx", first, "--nccl", "2.28.9", "-o", written), \
+            "--nccl 2.28.9, and " + str(first) + " states NCCL 2.26.2: leave --nccl out"
+    elif case == "unknown":
+        old = nccl_tests(tmp_path / "old_all_reduce_perf.txt", "all_reduce_perf", times,
+                         header=STATES_2_26_2.replace("22602", "2804") + FOUR_NODES)
+        run, words = flint("calibrate", "--network", "hgx", old, "-o", written), \
+            ("old_all_reduce_perf.txt states NCCL 2.8.4: Flint has no tuner of that release (it has NCCL 2.18.1 "
+             "to 2.30.7): give --nccl with the release nearest it")
+    else:
+        run, words = flint("calibrate", "--network", "hgx", first, "--nccl", "2.31", "-o", written), \
+            "--nccl 2.31: Flint has no tuner of that release (it has NCCL 2.18.1 to 2.30.7): give one of those"
+    assert_refused(run, written, words)
 
 
 @pytest.mark.parametrize("forced", [["--algorithm", "Tree"], ["--algorithm", "nvls", "--protocol", "LL"]])
@@ -488,9 +585,9 @@ def test_a_toml_string_reads_back_as_written():
 
 
 @pytest.mark.parametrize("option", [["--ranks", "8"], ["--nodes", "2"], ["--algorithm", "Ring"],
-                                    ["--protocol", "LL128"]])
+                                    ["--protocol", "LL128"], ["--nccl", "2.26.2"]])
 def test_network_options_are_refused_without_network(tmp_path, option):
-    """--ranks, --nodes, --algorithm and --protocol describe nccl-tests runs; a device fit from
-    profiles ignored them."""
+    """--ranks, --nodes, --algorithm, --protocol and --nccl describe nccl-tests runs; a device fit
+    from profiles ignored them."""
     run = flint("calibrate", tmp_path / "p.json.gz", tmp_path / "t", *option, "-o", tmp_path / "f.toml")
     assert_refused(run, tmp_path / "f.toml", f"{option[0]} describes nccl-tests runs, for fitting a network")

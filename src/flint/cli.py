@@ -957,7 +957,7 @@ def validate(model, mesh_spec, traces, model_args, as_json, device_spec, duratio
         sys.exit(1)
 
 
-def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorithm, protocol, name,
+def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorithm, protocol, nccl, name,
                        as_json) -> None:
     """`flint calibrate --network`: fit a network file to nccl-tests output."""
     from flint.analysis.calibrate_network import calibrate_network
@@ -971,10 +971,12 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorith
     if base is None:
         raise FlintError(f"unknown --network {network!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
     runs = [read_nccl_tests(path) for path in paths]
-    fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes, algorithm, protocol)
-    source = (f"flint calibrate --network {network} on {', '.join(p.name for p in paths)} "
-              f"(in-place times{fit.runs[0].held_to})")
+    fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes, algorithm, protocol, nccl)
+    on = ", ".join(p.name for p in paths)
+    source = f"flint calibrate --network {network} on {on} (in-place times{fit.runs[0].held_to})"
     fitted = fit.network.with_sources(**{key: source for key in fit.fitted})
+    if fit.network.nccl != base.nccl:  # the runs' release, not the file's
+        fitted = fitted.with_sources(nccl=f"the NCCL release that ran {on} ({fit.release_from})")
     try:  # encoded before the file is opened: a name that is not UTF-8 leaves no file behind
         text = network_toml(fitted, f"{fitted.name}: fitted by flint calibrate --network").encode()
     except UnicodeEncodeError:
@@ -1018,9 +1020,13 @@ def _branches(count: int) -> str:
               help="With --network: the algorithm the runs were held to with NCCL_ALGO [default: NCCL's choice].")
 @click.option("--protocol", type=click.Choice(PROTOCOLS, case_sensitive=False),
               help="With --network: the protocol the runs were held to with NCCL_PROTO [default: NCCL's choice].")
+@click.option("--nccl", metavar="RELEASE",
+              help="With --network: the NCCL release the runs ran (2.26.2, or 2.26 for its newest), whose tuner "
+                   "picks each size's algorithm, where their output states none or one Flint has no tuner of "
+                   "[default: the one it states, else the network's].")
 @click.option("--name", help="Name of the fitted device or network [default: its own, with -calibrated].")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm, protocol, name, as_json):
+def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm, protocol, nccl, name, as_json):
     """Fit a device to profiled steps, or a network to nccl-tests.
 
     Each PROFILE is one real step of a program, profiled on one GPU with JAX's profiler (the
@@ -1045,6 +1051,9 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     beside NCCL's model before and after; and writes the network file (use it as --network). Runs
     made with NCCL_ALGO or NCCL_PROTO set need --algorithm or --protocol: their output does not
     say so. To measure the NICs between two nodes, NCCL's maintainers run a ring (NCCL_ALGO=Ring).
+    NCCL's tuner picks each size's algorithm, and releases pick differently: the fit takes the
+    tuner of the release the runs ran, which nccl-tests from 2.17 states (nccl-library=...) and
+    NCCL logs with NCCL_DEBUG=INFO, or --nccl where they do not, and the fitted file names it.
 
     \b
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
@@ -1053,7 +1062,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     # each fit's own options, which the other would ignore without a word
     for option, value in ({"--rank": rank, "--device": device_spec} if network else
                           {"--ranks": ranks, "--nodes": nodes, "--algorithm": algorithm,
-                           "--protocol": protocol}).items():
+                           "--protocol": protocol, "--nccl": nccl}).items():
         if value is not None and network:
             raise FlintError(f"{option} is for fitting a device to profiles, not a network: leave it out with "
                              "--network")
@@ -1061,7 +1070,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
             raise FlintError(f"{option} describes nccl-tests runs, for fitting a network: give --network with it, or "
                              "leave it out")
     if network is not None:
-        _calibrate_network(pairs, output, network, ranks, nodes, algorithm, protocol, name, as_json)
+        _calibrate_network(pairs, output, network, ranks, nodes, algorithm, protocol, nccl, name, as_json)
         return
     from flint.analysis.calibrate import ProfiledStep, device_toml, read_profile, step_name
     from flint.analysis.calibrate import calibrate as fit_device

@@ -39,6 +39,13 @@ largest size took less than the model's latency, or longer than the model takes 
 than another of its bandwidths allows (a ring across nodes faster than the node's ring), and one on
 more ranks than the network's nodes hold or on ranks that do not divide over its nodes.
 
+NCCL's tuner picks what each size runs, so the fit takes the tuner of the release the runs ran
+(`--nccl`, else the one their output states; else the network file's `nccl`, else the newest
+release Flint has), and the fitted file names it: one release's tuner leaves the tree for
+NVLS-Tree at another size than another's, and numbers fitted under the wrong one would fit the
+switch, not the machine. Runs that state different releases are refused, as is a release Flint has
+no tuner of unless `--nccl` names one to take instead.
+
 A latency at the end of its range is reported: there the times do not follow a latency plus bytes
 over a bandwidth, and the file fits them only as far as its numbers can. NCCL's other constants
 (latencies per algorithm and protocol, the other protocols' efficiencies) stay as tuning.cc has
@@ -57,7 +64,7 @@ from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import Choice, NcclModel, Placement, forced_name
 from flint.step.network import Dimension, Network
-from flint.step.network_files import NetworkFile
+from flint.step.network_files import NetworkFile, nccl_release, nccl_releases
 
 
 @dataclass(frozen=True)
@@ -147,10 +154,14 @@ class NetworkFit:
     fitted: dict[str, float]
     at_limit: tuple[str, ...] = ()
     """Fitted numbers that ended at the end of the range the fit tries."""
+    release_from: str = ""
+    """Whence the release whose tuner picked (`network.release`): the runs, --nccl, the file."""
 
     def as_json(self) -> dict:
         return {
             "network": self.network.name,
+            "nccl": self.network.release,
+            "nccl_from": self.release_from,
             "fitted": self.fitted,
             "at_limit": list(self.at_limit),
             "runs": [{
@@ -214,9 +225,15 @@ def _check_forced(one: PlacedRun, network: NetworkFile) -> None:
 
 def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str, ranks: int | None = None,
                       nodes: int | None = None, algorithm: str | None = None,
-                      protocol: str | None = None) -> NetworkFit:
+                      protocol: str | None = None, nccl: str | None = None) -> NetworkFit:
     """Fit `base`'s numbers to `runs`, made with NCCL_ALGO `algorithm` and NCCL_PROTO `protocol`
-    where given (see the module docstring)."""
+    where given, under the tuner of NCCL `nccl` where given (see the module docstring)."""
+    release, release_from = _measured_release(runs, nccl)
+    if release is None:
+        release_from = (f"network {base.name}'s; the runs state none" if base.nccl else
+                        "the newest Flint has; the runs state none")
+    else:
+        base = replace(base, nccl=release)
     placed = [PlacedRun(run, placement_of(run, ranks, nodes), algorithm, protocol) for run in runs]
     for one in placed:
         check_placement(one.run, one.placement, base)
@@ -266,7 +283,39 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     runs_fit = tuple(RunFit(one.run, one.placement, tuple(
         Row(row.size, row.micros, one.choice(base, row.size).micros, one.choice(network, row.size))
         for row in one.run.rows), one.forced()) for one in placed)
-    return NetworkFit(network, runs_fit, fitted, at_limit)
+    return NetworkFit(network, runs_fit, fitted, at_limit, release_from)
+
+
+def _measured_release(runs: Sequence[NcclTestsRun], nccl: str | None) -> tuple[str | None, str]:
+    """The NCCL release the runs ran, and whence: `nccl` (--nccl) where given, else the one their
+    output states; None where neither says. Two releases stated, or one stated and another given,
+    are refused; so is a stated release Flint has no tuner of, unless `nccl` names one to take."""
+    stated = {run.nccl: run for run in runs if run.nccl}
+    if len(stated) > 1:
+        said = ", ".join(f"{run.path.name}: {release}" for release, run in sorted(stated.items()))
+        raise FlintError(f"the runs state different NCCL releases ({said}): fit each release's runs on their own")
+    if nccl is not None:
+        release = _tuner_of(nccl, f"--nccl {nccl}", "give one of those")
+        for said, run in stated.items():
+            if said != release and said in nccl_releases():
+                raise FlintError(f"--nccl {nccl}, and {run.path} states NCCL {said}: leave --nccl out, or give the "
+                                 "release the run states")
+        return release, "given as --nccl"
+    if not stated:
+        return None, ""
+    [(said, run)] = stated.items()
+    return _tuner_of(said, f"{run.path} states NCCL {said}", "give --nccl with the release nearest it"), \
+        "stated by the runs' output"
+
+
+def _tuner_of(version: str, said: str, todo: str) -> str:
+    """The release of `version` whose tuner Flint has (a minor version: its newest); else one line."""
+    try:
+        return nccl_release(version)
+    except ValueError:
+        releases = nccl_releases()
+        raise FlintError(f"{said}: Flint has no tuner of that release (it has NCCL {releases[0]} to {releases[-1]}): "
+                         f"{todo}") from None
 
 
 def _fit_shape(network: NetworkFile, shape: Shape, runs: Sequence[PlacedRun]) -> float:

@@ -3,13 +3,18 @@
 nccl-tests (`all_reduce_perf`, `all_gather_perf`, ..., `sendrecv_perf`) print one row per size:
 size (B), count, type, redop, root, then out-of-place time (µs), algbw, busbw, #wrong, then the
 same in place (older versions lack redop and root). Flint reads the size and the in-place time
-(the last group of four columns), the collective from the file's name or its "Collective test
-starting" line, and the ranks and nodes from its "#  Rank  R Group G Pid P on HOST device D"
-lines where there are any. A table of the out-of-place columns only is refused as having no
-in-place column (the times Flint fits); so is a file whose text names more than one program (runs
-concatenated), as a run is one collective's table, and a row where nccl-tests found wrong results
-(#wrong, in place or out of place, above 0; N/A: not checked), as its time is not of a correct
-collective.
+(the last group of four columns; lines of NCCL's own log, which NCCL_DEBUG=INFO interleaves, are
+not rows), the collective from the file's name or its "Collective test starting" line, the ranks
+and nodes from its "#  Rank  R Group G Pid P on HOST device D" lines where there are any, and the
+NCCL release that ran where the output states it: nccl-tests from 2.17 prints "nccl-library=CODE"
+(NCCL_VERSION_CODE, 22602 for 2.26.2) in its first line, and NCCL logs "NCCL version
+2.26.2+cuda12.8" with NCCL_DEBUG=INFO.
+
+Refused: a file that states two releases, as one run ran one; a table of the out-of-place columns
+only, as having no in-place column (the times Flint fits); a file whose text names more than one
+program (runs concatenated), as a run is one collective's table; and a row where nccl-tests found
+wrong results (#wrong, in place or out of place, above 0; N/A: not checked), as its time is not of
+a correct collective.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ OUT_OF_PLACE_ONLY = (7, 9)
 """The widths of a row of one group of time columns: size, count, type, (redop, root,) time, algbw,
 busbw, #wrong."""
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
+_NCCL_LOG = re.compile(r"\[\d+\] (?:.*\s)?NCCL (?:INFO|WARN|TRACE) ")
+"""A line of NCCL's own log (debug.cc: "host:pid:tid [dev] NCCL INFO ...", as NCCL_DEBUG=INFO
+interleaves with the table)."""
+_LIBRARY = re.compile(r"\bnccl-library=(\d+)")
+_LOGGED = re.compile(r"\bNCCL version (\d+\.\d+\.\d+)")
 
 
 @dataclass(frozen=True)
@@ -47,13 +57,14 @@ class Measurement:
 @dataclass(frozen=True)
 class NcclTestsRun:
     """One nccl-tests output file: which collective, on how many ranks and nodes (None: not
-    recorded), and its rows."""
+    recorded), its rows, and the NCCL release that ran (None: not stated)."""
 
     path: Path
     collective: str
     ranks: int | None
     nodes: int | None
     rows: tuple[Measurement, ...]
+    nccl: str | None = None
 
     @property
     def comm_type(self) -> int:
@@ -85,7 +96,7 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
-        if not fields or line.lstrip().startswith("#"):
+        if not fields or line.lstrip().startswith("#") or _NCCL_LOG.search(line):
             continue
         try:
             size, micros, wrong, in_place = _row(fields)
@@ -102,7 +113,25 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
     if not rows:
         raise FlintError(f"{path}: no rows of nccl-tests' table in it: give the output of {named[0]}")
     ranks = {int(rank): host for rank, host in _RANK.findall(text)}
-    return NcclTestsRun(path, named[1], len(ranks) or None, len(set(ranks.values())) or None, tuple(rows))
+    return NcclTestsRun(path, named[1], len(ranks) or None, len(set(ranks.values())) or None, tuple(rows),
+                        _stated_release(path, text))
+
+
+def _stated_release(path: Path, text: str) -> str | None:
+    """The NCCL release the output states (see the module docstring), None where it states none."""
+    stated = {_version(int(code)) for code in _LIBRARY.findall(text)} | set(_LOGGED.findall(text))
+    if len(stated) > 1:
+        raise FlintError(f"{path}: states NCCL releases {', '.join(sorted(stated))}: one run ran one; give each "
+                         "run's output in a file of its own")
+    return stated.pop() if stated else None
+
+
+def _version(code: int) -> str:
+    """NCCL_VERSION_CODE as a release: major x 10000 + minor x 100 + patch from 2.9 (nccl.h), major
+    x 1000 + minor x 100 + patch before."""
+    if code >= 20900:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
 def _row(fields: list[str]) -> tuple[int, float, int, bool]:

@@ -188,4 +188,5 @@ def network_calibration_view(fit) -> Group:
     notes = [f"[yellow]note:[/] {key} ended at the end of the range tried ({fit.fitted[key]:g}): these times "
              "do not follow a latency plus bytes over a bandwidth, so the fit is as near as that form gets"
              for key in fit.at_limit]
-    return Group(*tables, f"fitted: {fitted}", *notes)
+    tuner = f"NCCL {fit.network.release}'s tuner picked ({fit.release_from})"
+    return Group(*tables, f"fitted: {fitted}", tuner, *notes)
