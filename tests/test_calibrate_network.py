@@ -405,11 +405,13 @@ def test_the_release_a_run_states_is_the_tuner_the_fit_takes_and_the_file_names(
     assert load_network_file(tmp_path / "g.toml").nccl is None
 
 
-def test_nccls_own_log_line_states_the_release_and_nccl_gives_one_where_none_is_stated(tmp_path):
-    """NCCL_DEBUG=INFO logs "NCCL version 2.26.2+cuda12.8" among the rows (before, a line of NCCL's
-    log was refused as not a row of the table); --nccl 2.26 (its newest, 2.26.6) gives the rows
-    that state nothing a tuner that, as 2.26.2's, runs the ring at every size."""
-    logged = "node0:100:100 [0] NCCL INFO NCCL version 2.26.2+cuda12.8\n"
+@pytest.mark.parametrize("logged", ["node0:100:100 [0] NCCL INFO NCCL version 2.26.2+cuda12.8\n",
+                                    "NCCL version 2.26.2+cuda12.8\n"], ids=["INFO", "VERSION"])
+def test_nccls_own_log_line_states_the_release_and_nccl_gives_one_where_none_is_stated(tmp_path, logged):
+    """NCCL prints "NCCL version 2.26.2+cuda12.8" with NCCL_DEBUG=VERSION or WARN, as a log line with
+    INFO, which may fall among the rows (before, either was refused as not a row of the table);
+    --nccl 2.26 (its newest, 2.26.6) gives the rows that state nothing a tuner that, as 2.26.2's,
+    runs the ring at every size."""
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", ring_across_four_nodes(),
                           header=FOUR_NODES)
     lines = measured.read_text().splitlines(keepends=True)

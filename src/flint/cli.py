@@ -1053,7 +1053,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     say so. To measure the NICs between two nodes, NCCL's maintainers run a ring (NCCL_ALGO=Ring).
     NCCL's tuner picks each size's algorithm, and releases pick differently: the fit takes the
     tuner of the release the runs ran, which nccl-tests from 2.17 states (nccl-library=...) and
-    NCCL logs with NCCL_DEBUG=INFO, or --nccl where they do not, and the fitted file names it.
+    NCCL prints with NCCL_DEBUG set, or --nccl where they do not, and the fitted file names it.
 
     \b
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml

@@ -7,8 +7,8 @@ same in place (older versions lack redop and root). Flint reads the size and the
 not rows), the collective from the file's name or its "Collective test starting" line, the ranks
 and nodes from its "#  Rank  R Group G Pid P on HOST device D" lines where there are any, and the
 NCCL release that ran where the output states it: nccl-tests from 2.17 prints "nccl-library=CODE"
-(NCCL_VERSION_CODE, 22602 for 2.26.2) in its first line, and NCCL logs "NCCL version
-2.26.2+cuda12.8" with NCCL_DEBUG=INFO.
+(NCCL_VERSION_CODE, 22602 for 2.26.2) in its first line, and NCCL prints "NCCL version
+2.26.2+cuda12.8" with NCCL_DEBUG=VERSION or WARN (a log line's text with INFO).
 
 Refused: a file that states two releases, as one run ran one; a table of the out-of-place columns
 only, as having no in-place column (the times Flint fits); a file whose text names more than one
@@ -38,9 +38,9 @@ OUT_OF_PLACE_ONLY = (7, 9)
 """The widths of a row of one group of time columns: size, count, type, (redop, root,) time, algbw,
 busbw, #wrong."""
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
-_NCCL_LOG = re.compile(r"\[\d+\] (?:.*\s)?NCCL (?:INFO|WARN|TRACE) ")
+_NCCL_LOG = re.compile(r"\[\d+\] (?:.*\s)?NCCL (?:INFO|WARN|TRACE) |^\s*NCCL version \S+\s*$")
 """A line of NCCL's own log (debug.cc: "host:pid:tid [dev] NCCL INFO ...", as NCCL_DEBUG=INFO
-interleaves with the table)."""
+interleaves with the table; with NCCL_DEBUG=VERSION or WARN, the bare "NCCL version ..." line)."""
 _LIBRARY = re.compile(r"\bnccl-library=(\d+)")
 _LOGGED = re.compile(r"\bNCCL version (\d+\.\d+\.\d+)")
 
