@@ -21,8 +21,9 @@
    as their 8-GPU NVLS bus bandwidth (their line checks the model's use of it).
 3. The published nccl-tests output `hgx-a100`'s one-node ring numbers were fitted to
    (`bench/measured/nccl/fitted.toml`: one node of 8 A100), beside the fitted model.
-4. Thirteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
-   one to 128 nodes of 8 H100, two nodes of 8 A100, one, two and twenty GB200 NVL72 racks) and
+4. Sixteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
+   one to 128 nodes of 8 H100, two nodes of 8 A100 and of 8 B200, one, two and twenty GB200 NVL72
+   racks) and
    four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
    H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted,
    those that state an NCCL release with its tuner choosing (`nccl`; the others the newest
