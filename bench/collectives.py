@@ -23,14 +23,13 @@
    (`bench/measured/nccl/fitted.toml`: one node of 8 A100), beside the fitted model.
 4. Sixteen published nccl-tests outputs of other machines (`bench/measured/nccl/held_out.toml`:
    one to 128 nodes of 8 H100, two nodes of 8 A100 and of 8 B200, one, two and twenty GB200 NVL72
-   racks) and
-   four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`: Azure's 8x
-   H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them fitted,
-   those that state an NCCL release with its tuner choosing (`nccl`; the others the newest
-   release's): one line per size, then each run's worst and median ratio by size band and its
-   largest size's bus bandwidth; then, where two or more published runs share a placement (those
-   of 1. and 3. among them), the range they span at each size and where Flint falls in it (the
-   newest tuner's pick).
+   racks) and four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`:
+   Azure's 8x H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them
+   fitted, those that state an NCCL release (`nccl`, or in their own output) with its tuner
+   choosing (the others the newest release's): one line per size, then each run's worst and
+   median ratio by size band and its largest size's bus bandwidth; then, where two or more
+   published runs share a placement (those of 1. and 3. among them), the range they span at each
+   size and where Flint falls in it (the newest tuner's pick).
 5. Runs of one cluster at two sizes (`transfer.toml`): `flint calibrate --network` fitted to the
    smaller, the larger beside the network before and after the fit: how far a fit on a small
    allocation carries to more nodes (worst and median ratio by size band).
