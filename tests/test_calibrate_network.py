@@ -1,13 +1,14 @@
 """`flint calibrate --network`: a network fitted to nccl-tests output, on synthetic files whose
 times follow NCCL's model of a known machine, by hand.
 
-An 8-GPU node all-reducing with NVLS at 600 GB/s bus bandwidth after 60 µs: S bytes take 60 + S /
-(600 x 8 / 14 x c x 10^3) µs (NCCL's algorithm bandwidth is the bus's times N / 2(N-1); c is NCCL's
-tree correction for Simple, which Flint gives NVLS and NVLS-Tree: 0.8 at 64 MiB, 0.9 at 128 to 512
-MiB, none from 1 GiB; NCCL's tuner, predicting by its own constants, runs NVLS at these sizes).
-From 1 GiB on, where nothing is corrected, some runs take 400 GB/s. An all-gather on a ring of 300
-GB/s bus bandwidth: 8.4 + 7 x 3.4 µs (NCCL's Ring Simple latency on NVLink) + S /
-(300 x 8 / 7 x 10^3).
+An 8-GPU node all-reducing with NVLS at 600 GB/s bus bandwidth, 60 µs for no bytes and 10 µs a
+round of chunks: S bytes move in R = S / (128 x chunk) rounds of 128 chunks (16 channels x 8 heads)
+of 64 KiB below 1 GiB, 128 KiB from it (enqueue.cc), three stages deep, each round 10 µs and its
+bytes at B, where 1 / B = 14 / (8 x 600) - 10 µs / 16 MiB (rounds of 128 KiB chunks reach 600 GB/s
+bus bandwidth; NCCL's algorithm bandwidth is the bus's times N / 2(N-1)): 60 - 3 x 10 + (R + 2) x
+(10 + 128 x chunk / B) µs. NCCL's tuner, predicting by its own constants, runs NVLS at these sizes.
+Some runs take 400 GB/s. An all-gather on a ring of 300 GB/s bus bandwidth: 8.4 + 7 x 3.4 µs
+(NCCL's Ring Simple latency on NVLink) + S / (300 x 8 / 7 x 10^3).
 """
 
 from __future__ import annotations
@@ -25,13 +26,18 @@ from flint.step.network import network_for
 from flint.step.network_files import load_network_file, toml_string
 
 SIZES = [2**k for k in range(26, 35)]  # 64 MiB .. 16 GiB: where NVLS runs
-CORRECTION = {2**26: 0.8, 2**27: 0.9, 2**28: 0.9, 2**29: 0.9}
-"""NCCL's treeCorrectionFactor (tuning.cc), Simple, entries 20 to 23 (2^20 x 64 B to 2^23 x 64 B)."""
+MIB = 2**20
 
 
-def nvls(latency_us: float, bus_gbps: float) -> dict[int, float]:
-    """One 8-GPU node's NVLS all-reduce times at `bus_gbps` after `latency_us`, on SIZES."""
-    return {size: latency_us + size / (bus_gbps * 8 / 14 * CORRECTION.get(size, 1.0) * 1e3) for size in SIZES}
+def nvls(latency_us: float, bus_gbps: float, step_us: float = 4.8) -> dict[int, float]:
+    """One 8-GPU node's NVLS all-reduce times on SIZES at `bus_gbps`, `latency_us` for no bytes and
+    `step_us` a round (see the module docstring)."""
+    per_byte = 14 / (8 * bus_gbps * 1e3) - step_us / (16 * MIB)
+    times = {}
+    for size in SIZES:
+        whole = 128 * (128 if size >= 2**30 else 64) * 1024
+        times[size] = latency_us - 3 * step_us + (size / whole + 2) * (step_us + whole * per_byte)
+    return times
 
 
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
@@ -52,13 +58,14 @@ def assert_refused(run, written: Path, words: str) -> None:
     assert words in run.stderr and not written.exists()
 
 
-def test_nvls_bandwidth_and_latency_are_recovered(tmp_path):
-    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
+def test_nvls_bandwidth_latency_and_step_are_recovered(tmp_path):
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600, 10))
     out = tmp_path / "fitted.toml"
     run = flint("calibrate", "--network", "hgx", measured, "-o", out, "--json")
     assert run.returncode == 0, run.stderr
     fit = json.loads(run.stdout)
     assert fit["fitted"]["node.nvls_latency_us"] == pytest.approx(60, abs=0.5)
+    assert fit["fitted"]["node.nvls_step_us"] == pytest.approx(10, abs=0.05)
     assert fit["fitted"]["node.nvls_bus_gbps[7]"] == pytest.approx(600, rel=0.005)
     assert [r["ranks"] for r in fit["runs"]] == [8]  # from the file's Rank lines
     for row in fit["runs"][0]["rows"]:
@@ -70,17 +77,19 @@ def test_nvls_bandwidth_and_latency_are_recovered(tmp_path):
 
 
 def test_a_latency_that_one_size_leaves_open_keeps_the_files_own_value(tmp_path):
-    """One size (8 GiB): every NVLS latency fits it with a bandwidth of its own, so hgx's 32.5 µs
-    stays and is not reported as fitted. The bandwidth is the one that takes the measured time
-    after 32.5 µs: S / ((t - 32.5) x 8 / 14 x 10^3)."""
+    """One size (8 GiB): every NVLS latency and step fit it with a bandwidth of their own, so
+    hgx's 21.0 and 4.8 µs stay and are not reported as fitted. The bandwidth is the one that takes
+    the measured time after them: 512 rounds of 128 chunks of 128 KiB, three stages deep, so
+    21.0 - 3 x 4.8 + 514 x 16 MiB / (bus x 8 / 14 x 10^3)."""
     size = 2**33
-    measured_us = round(60 + size / (400 * 8 / 14 * 1e3), 1)  # as the file writes it
+    measured_us = round(nvls(60, 400)[size], 1)  # as the file writes it
     measured = nccl_tests(tmp_path / "one.txt", "all_reduce_perf", {size: measured_us})
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["fitted"] == {
-        "node.nvls_bus_gbps[7]": pytest.approx(size / ((measured_us - 32.5) * 8 / 14 * 1e3), rel=1e-6)}
-    assert load_network_file(tmp_path / "f.toml").node.nvls_latency_us == 32.5
+        "node.nvls_bus_gbps[7]": pytest.approx(514 * 16 * MIB / ((measured_us - 6.6) * 8 / 14 * 1e3), rel=1e-6)}
+    written = load_network_file(tmp_path / "f.toml")
+    assert (written.node.nvls_latency_us, written.node.nvls_step_us) == (21.0, 4.8)
 
 
 def test_a_ring_bandwidth_is_recovered_from_an_all_gather(tmp_path):
@@ -148,20 +157,23 @@ def test_a_run_that_does_not_reach_its_bandwidth_is_refused(tmp_path):
 
 
 def test_a_latency_of_hundreds_of_microseconds_is_recovered(tmp_path):
-    # 350 µs before 400 GB/s, the order of what 72 GPUs' NVLS measures in a published rack; from
-    # 2 GiB, where NCCL's tuner runs NVLS (it predicts NVLS by its own 25 µs, whatever the machine's).
-    times = {size: 350 + size / (400 * 8 / 14 * 1e3) for size in SIZES if size >= 2**31}
+    """350 µs before 400 GB/s, the order of what 72 GPUs' NVLS measures in a published rack, from 2
+    GiB: every size runs chunks of 128 KiB, whose rounds reach the bandwidth whatever the step, so
+    the times fix the latency less three steps only. The step is left as hgx has it (4.8 µs) and
+    not reported as fitted, and the latency is the one that gives the times with it."""
+    times = {size: t for size, t in nvls(350, 400).items() if size >= 2**31}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
     fit = json.loads(run.stdout)
     assert fit["fitted"]["node.nvls_latency_us"] == pytest.approx(350, abs=0.5)
-    assert fit["at_limit"] == []
+    assert "node.nvls_step_us" not in fit["fitted"] and fit["at_limit"] == []
+    assert load_network_file(tmp_path / "f.toml").node.nvls_step_us == 4.8
 
 
 def test_a_latency_beyond_the_range_tried_is_said(tmp_path):
     # 2,500 µs: NVLS is still NCCL's choice at 8 and 16 GiB (its tuner predicts it by its own 25 µs).
-    times = {size: 2500 + size / (400 * 8 / 14 * 1e3) for size in SIZES if size >= 2**33}
+    times = {size: t for size, t in nvls(2500, 400).items() if size >= 2**33}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times)
     fit = json.loads(flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json").stdout)
     assert fit["fitted"]["node.nvls_latency_us"] == 2000 and fit["at_limit"] == ["node.nvls_latency_us"]
@@ -260,11 +272,11 @@ TWO_NODES = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} dev
 def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
     """All-reduce across two hgx nodes of 8, 1 to 16 GiB: NCCL runs NVLS-Tree, whose bus bandwidth
     is the least of the node's NVLS (here 440 GB/s), twice the node's NICs on two nodes (2 x 8 x 47)
-    and 16 channels of 57.7: 440, after hgx's NVLS latency (32.5 µs) and two network steps of 20.9
-    (tuning.cc's NVLS-Tree hop): 74.3 + S / (440 x 16 / 30 x 10^3) µs. Before, the fit put the
-    whole shortfall on the NICs: 27.5 GB/s each (440 / 16), where they carry 47. The run's sizes
-    fit the network's latency (0), not the node's NVLS latency, which one node's run measures:
-    before, a two-node run moved it and with it every one-node NVLS time."""
+    and 16 channels of 57.7: 440, after hgx's NVLS latency across nodes (32.5 µs) and two network
+    steps of 20.9 (tuning.cc's NVLS-Tree hop): 74.3 + S / (440 x 16 / 30 x 10^3) µs. Before, the
+    fit put the whole shortfall on the NICs: 27.5 GB/s each (440 / 16), where they carry 47. The
+    run's sizes fit the network's latency (0), not the node's NVLS latencies, which one node's run
+    measures: before, a two-node run moved them and with them every one-node NVLS time."""
     times = {size: 32.5 + 2 * 20.9 + size / (440 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
@@ -274,7 +286,8 @@ def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
                              "scale_out.latency_us": pytest.approx(0, abs=0.05)}
     assert {row["algorithm"] for row in fit["runs"][0]["rows"]} == {"NVLS-Tree"}
     network = load_network_file(tmp_path / "f.toml")
-    assert (network.scale_out.nic_gbps, network.node.nvls_latency_us) == (47.0, 32.5)
+    assert (network.scale_out.nic_gbps, network.node.nvls_multinode_latency_us, network.node.nvls_latency_us) == (
+        47.0, 32.5, 21.0)
 
 
 def test_a_run_faster_than_nccls_per_channel_cap_fits_the_channels_between_nodes(tmp_path):

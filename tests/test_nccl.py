@@ -5,12 +5,12 @@ LL/LL128/Simple 6.6 / 14.0 / 8.4 µs, Tree 6.8 / 14.0 / 8.4; NVLink hops Ring 0.
 0.6 / 1.25 / 4.0; network hops Tree 5.0 / 8.5 / 14, NVLS-Tree 20.9, CollNet Direct 31; LL at most
 141 GB/s on one node, 39 GB/s on two (Intel); per channel: Ring LL128 36.7, Tree 41.4 (2 nodes),
 NVLS-Tree 57.7 (2 nodes). The hgx network: 8 GPUs per node, ring bus bandwidth 370.8 GB/s, 16
-channels, NVLS 480 GB/s at 8 GPUs and 32.5 µs, eight 47 GB/s NICs per node and 8 channels between
-nodes (one per NIC), no network latency. NCCL's tree correction for Simple (treeCorrectionFactor),
-which Flint gives NVLS and NVLS-Tree below 1 GiB: 0.7 at 2^16 x 64 B (4 MiB) and 2^19 x 64 B
-(32 MiB), 0.9 at 2^23 x 64 B (512 MiB). Where a network file names no release, NCCL 2.30.7's
-tuner picks the algorithm and protocol (by NCCL's own constants: NVLS 25 µs, uncorrected), which
-Flint then times.
+channels, NVLS 480 GB/s at 8 GPUs, 21.0 µs for no bytes and 4.8 µs a round of chunks, eight 47 GB/s
+NICs per node and 8 channels between nodes (one per NIC), no network latency. NCCL's tree
+correction for Simple (treeCorrectionFactor), which Flint gives NVLS-Tree below 1 GiB: 0.7 at
+2^16 x 64 B (4 MiB) and 2^19 x 64 B (32 MiB), 0.9 at 2^23 x 64 B (512 MiB). Where a network file
+names no release, NCCL 2.30.7's tuner picks the algorithm and protocol (by NCCL's own constants:
+NVLS 25 µs, no chunks), which Flint then times.
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ from flint.step.network_files import load_network_file, network_toml
 MIB, GIB = 2**20, 2**30
 NODE = NcclModel(network_for("hgx", [("tensor", 8)]))
 TWO_NODES = NcclModel(network_for("hgx", [("data", 2), ("tensor", 8)]))
+
+
+def nvls_pipelined(total: int, chunk: int, ops: int, bandwidth: float, stages: int = 3) -> float:
+    """NVLS in one node by its chunks (µs): rounds of `ops` (channels x heads) chunks of `chunk`
+    bytes, each round 4.8 µs plus its bytes at the bandwidth that makes rounds of 128 KiB chunks
+    reach `bandwidth` (algorithm GB/s), `stages` rounds deep, after 21.0 µs less an all-reduce's
+    three steps; one round of fewer bytes takes `stages` of its own."""
+    per_byte = 1 / (bandwidth * 1e3) - 4.8 / (ops * 128 * 1024)
+    whole = ops * chunk
+    return 21.0 - 3 * 4.8 + (max(total / whole, 1) + stages - 1) * (4.8 + min(total, whole) * per_byte)
 
 
 def candidate(model: NcclModel, kind: int, total: int, shape: Placement, algorithm: str, protocol: str):
@@ -61,7 +71,8 @@ def test_nccl_launches_small_collectives_on_fewer_channels():
     - Ring Simple (forced): 32 KiB a channel, 64 KiB on 2 of 16; on a PCI node whose ring carries
       12 GB/s (NCCL's PCI_BW) it gets 256 threads, so 16 KiB a channel: 64 KiB on 4, at 12 x 8 / 14
       after 8.4 + 14 x 5.7 µs;
-    - NVLS keeps its channels: 8 B forced onto it takes 32.5 µs and 8 B at 480 x 8 / 14."""
+    - NVLS keeps its channels: 8 B forced onto it take its 21.0 µs and 3 x 8 B at its pipeline's
+      bandwidth (one round of less than 128 chunks of 16 KiB, three stages deep)."""
     node, ring_ll = Placement(8, 1), 141 * 8 / 14
     for size, launched in ((256 * 1024, 8), (512 * 1024, 16), (16 * 1024, 1), (100 * 1024, 3), (MIB, 16)):
         micros = NODE.choose(pb.ALL_REDUCE, size, node).micros
@@ -76,14 +87,17 @@ def test_nccl_launches_small_collectives_on_fewer_channels():
     narrow = pci.choose(pb.ALL_REDUCE, 64 * 1024, node, algorithm="Ring", protocol="Simple")
     assert narrow.micros == pytest.approx(8.4 + 14 * 5.7 + 64 * 1024 / (12 * 8 / 14 * 4 / 16 * 1e3))
     nvls = NODE.choose(pb.ALL_REDUCE, 8, node, algorithm="NVLS")
-    assert nvls.micros == pytest.approx(32.5 + 8 / (480 * 8 / 14 * 1e3))
+    assert nvls.micros == pytest.approx(nvls_pipelined(8, 16 * 1024, 16 * 8, 480 * 8 / 14))
+    assert nvls.micros == pytest.approx(21.0, abs=0.001)
 
 
-def test_four_mib_is_nvls_timed_with_its_size_correction():
+def test_four_mib_is_nvls_timed_by_its_chunks():
     """4 MiB: 2.30.7's tuner predicts NVLS at 25 + 4 MiB / (476 x 8 / 14) = 40.4 µs (its graph: 8
     channels of 40 GB/s x 0.85 x 7/8 x 2 = 476), before Ring LL128 (14.0 + 14 x 1.9 = 40.6 µs at
-    min(0.92 x 370.8, 16 x 36.7) x 8 / 14 GB/s: 62.1). Flint times NVLS at 32.5 µs and 480 x 8 / 14
-    x 0.7 GB/s: 54.3 µs, still before its Ring LL128 (62.1), LL (67.1) and Simple (75.8)."""
+    min(0.92 x 370.8, 16 x 36.7) x 8 / 14 GB/s: 62.1). Flint times NVLS by its chunks: 16 channels x
+    8 heads of 16 KiB (4 MiB is below 2 x 128 x 32 KiB), two rounds of 2 MiB, three stages deep:
+    21.0 - 14.4 + 4 x (4.8 + 2 MiB at 1 / (14 / 480 - 4.8 µs / 16 MiB) GB/s) = 54.0 µs, still
+    before its Ring LL128 (62.1), LL (67.1) and Simple (75.8)."""
     choice = NODE.choose(pb.ALL_REDUCE, 4 * MIB, Placement(8, 1))
     assert (choice.algorithm, choice.protocol) == ("NVLS", "Simple")
     predicted = {(a, p): lat + 4 * MIB / (bw * 1e3) for a, p, lat, bw in
@@ -91,8 +105,9 @@ def test_four_mib_is_nvls_timed_with_its_size_correction():
     assert predicted["NVLS", "Simple"] == pytest.approx(25 + 4 * MIB / (8 * 40 * 0.85 * 7 / 8 * 2 * 8 / 14 * 1e3))
     assert predicted["NVLS", "Simple"] == pytest.approx(40.4, abs=0.05)
     assert predicted["Ring", "LL128"] == pytest.approx(62.1, abs=0.05)
-    assert choice.micros == pytest.approx(32.5 + 4 * MIB / (480 * 8 / 14 * 0.7 * 1e3))
-    assert choice.micros == pytest.approx(54.3, abs=0.05)
+    assert choice.micros == pytest.approx(6.6 + 4 * (4.8 + 2 * MIB * (14 / (480 * 8e3) - 4.8 / (16 * MIB))))
+    assert choice.micros == pytest.approx(nvls_pipelined(4 * MIB, 16 * 1024, 128, 480 * 8 / 14))
+    assert choice.micros == pytest.approx(54.0, abs=0.05)
     ll128 = candidate(NODE, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "LL128")
     assert ll128 == pytest.approx((40.6, 0.92 * 370.8 * 8 / 14))
     simple = candidate(NODE, pb.ALL_REDUCE, 4 * MIB, Placement(8, 1), "Ring", "Simple")
@@ -100,16 +115,20 @@ def test_four_mib_is_nvls_timed_with_its_size_correction():
 
 
 def test_a_large_all_reduce_on_one_node_is_nvls():
-    """1 GiB: NVLS, 32.5 µs and 480 GB/s bus bandwidth, x 8 / 14 for the algorithm's (1 GiB is past
-    the correction's entries); 32 MiB at 0.7 of that."""
+    """1 GiB: NVLS in 64 rounds of 128 chunks of 128 KiB (1 GiB is not below 64 x 128 x 128 KiB),
+    which move at 480 GB/s bus bandwidth (x 8 / 14 for the algorithm's), three stages deep:
+    21.0 - 14.4 + 66 x 16 MiB / (480 x 8 / 14) = 4,043.6 µs. Four GPUs of the node reach 370
+    GB/s with 16 x 4 = 64 chunks a round; 32 MiB on eight runs 8 rounds of 32 KiB chunks (below
+    8 x 128 x 64 KiB, not below 2 x 128 x 32 KiB)."""
     choice = NODE.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
     assert (choice.algorithm, choice.protocol) == ("NVLS", "Simple")
-    assert choice.micros == pytest.approx(32.5 + GIB / (480 * 8 / 14 * 1e3))
-    # with four GPUs of the node, NVLS reaches 370 GB/s
-    four = candidate(NODE, pb.ALL_REDUCE, GIB, Placement(4, 1), "NVLS", "Simple")
-    assert four == pytest.approx((32.5, 370 * 4 / 6))
-    assert candidate(NODE, pb.ALL_REDUCE, 32 * MIB, Placement(8, 1), "NVLS", "Simple") == pytest.approx(
-        (32.5, 480 * 8 / 14 * 0.7))
+    assert choice.micros == pytest.approx(6.6 + 66 * 16 * MIB / (480 * 8 / 14 * 1e3))
+    assert choice.micros == pytest.approx(4043.6, abs=0.05)
+    four = NODE.choose(pb.ALL_REDUCE, GIB, Placement(4, 1), algorithm="NVLS")
+    assert four.micros == pytest.approx(6.6 + (128 + 2) * 8 * MIB / (370 * 4 / 6 * 1e3))
+    thirty_two = NODE.choose(pb.ALL_REDUCE, 32 * MIB, Placement(8, 1))
+    assert thirty_two.micros == pytest.approx(nvls_pipelined(32 * MIB, 32 * 1024, 128, 480 * 8 / 14))
+    assert thirty_two.micros == pytest.approx(6.6 + 10 * (4.8 + 4 * MIB * (14 / (480 * 8e3) - 4.8 / (16 * MIB))))
 
 
 def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
@@ -123,25 +142,30 @@ def test_all_gather_is_a_ring_at_the_node_bus_bandwidth():
 
 def test_nvls_gathers_in_one_node_of_at_most_32_gpus():
     """NVLS all-gather and reduce-scatter: in one node of at most 32 GPUs (NCCL_MAX_NVLS_ARITY), at
-    (ppn - 1) / 2 ppn of NVLS's all-reduce bus bandwidth (NCCL's tuner from 2.28), with Flint's
-    NVLS latency (32.5 µs). 32 GPUs of an NVL72 rack, 1 GiB in all (no correction from 1 GB):
-    NVLS 845.4 x 31/64 = 409.5 GB/s, against Ring Simple's 8.4 + 31 x 3.4 = 113.8 µs at 721.8 x
-    32/31 = 745.1: the ring, as at every size by these times (Ring LL at 32 KiB: 6.6 + 31 x 0.6
-    = 25.2 µs, below NVLS's 32.5). NCCL 2.30.7's tuner, with no size correction and its own 25 µs,
-    runs NVLS up to 32 MiB and the ring at 1 GiB. 72 GPUs: none; 8x H100: 480 x 7/16 = 210 GB/s;
-    across nodes: none."""
+    (ppn - 1) / 2 ppn of NVLS's all-reduce bus bandwidth (NCCL's tuner from 2.28), by its chunks
+    two stages deep (gather and broadcast; scatter and reduce). 32 GPUs of an NVL72 rack (24
+    channels x 32 heads: 768 chunks a round), 1 GiB in all: 64 KiB chunks (below 64 x 768 x 128
+    KiB, not below 8 x 768 x 64 KiB), 21.3 rounds of 48 MiB at 845.4 x 31/64 = 409.5 GB/s for
+    128 KiB chunks, 2,805.3 µs, against Ring Simple's 8.4 + 31 x 3.4 = 113.8 µs at 721.8 x 32/31 =
+    745.1: the ring, 1,555 µs. By these times NVLS is faster up to 1 MiB (at 32 KiB its 16.4 µs
+    against Ring LL's 6.6 + 31 x 0.6 + 0.1 = 25.3), Ring LL128 at 32 MiB. NCCL 2.30.7's tuner, with
+    no chunks and its own 25 µs, runs NVLS up to 32 MiB and the ring at 1 GiB. 72 GPUs: none;
+    8x H100: 480 x 7/16 = 210 GB/s; across nodes: none."""
     rack = nvl72_racks(1)
     shape = Placement(32, 1)
-    assert candidate(rack, pb.ALL_GATHER, GIB, shape, "NVLS", "Simple") == pytest.approx((32.5, 845.4 * 31 / 64))
+    nvls = rack.choose(pb.ALL_GATHER, GIB // 32, shape, algorithm="NVLS")
+    assert nvls.micros == pytest.approx(nvls_pipelined(GIB, 64 * 1024, 24 * 32, 845.4 * 31 / 64, stages=2))
+    assert nvls.micros == pytest.approx(2805.3, abs=0.05)
     assert candidate(rack, pb.ALL_GATHER, GIB, shape, "Ring", "Simple") == pytest.approx((113.8, 721.8 * 32 / 31))
-    for total in (32 * 1024, MIB, 32 * MIB, GIB):
+    for total, fastest in ((32 * 1024, "NVLS"), (MIB, "NVLS"), (32 * MIB, "Ring"), (GIB, "Ring")):
         timed = {(a, p): lat + total / (bw * 1e3) for a, p, lat, bw in rack.candidates(pb.ALL_GATHER, total, shape)}
-        assert min(timed, key=timed.get)[0] == "Ring"
+        assert min(timed, key=timed.get)[0] == fastest
         for kind, nbytes in ((pb.ALL_GATHER, total // 32), (pb.REDUCE_SCATTER, total)):
             assert rack.choose(kind, nbytes, shape).algorithm == ("Ring" if total == GIB else "NVLS")
     assert "NVLS" not in {a for a, *_ in rack.candidates(pb.ALL_GATHER, GIB, Placement(72, 1))}
     assert "NVLS" in {a for a, *_ in rack.candidates(pb.ALL_REDUCE, GIB, Placement(72, 1))}
-    assert candidate(NODE, pb.ALL_GATHER, GIB, Placement(8, 1), "NVLS", "Simple") == pytest.approx((32.5, 210))
+    eight = NODE.choose(pb.ALL_GATHER, GIB // 8, Placement(8, 1), algorithm="NVLS")
+    assert eight.micros == pytest.approx(6.6 + 65 * 16 * MIB / (480 * 7 / 16 * 1e3))
     assert "NVLS" not in {a for a, *_ in TWO_NODES.candidates(pb.ALL_GATHER, GIB, Placement(16, 2))}
 
 
@@ -151,9 +175,9 @@ def test_nccls_tuners_predict_nvls_gathers_by_their_own_formula():
     0.74 x 31/32 x 31/32 = 444.5 GB/s, uncorrected; 2.26.2's (before 2.28) nChannels x bwIntra,
     640 GB/s, not converted (from 2.23); 2.22.3's that x 5/6; 2.18.5's none. So 2.26.2 runs NVLS
     for 32 KiB, 25 + 0.05 µs against Ring LL's 6.6 + 31 x 0.6 + 32 KiB / (min(282, 721.8 / 2) x
-    32/31) = 25.31, which Flint times at 32.5 + 32 KiB / (845.4 x 31/64 x 0.6, the correction at
-    2^9), as 2.30.7's (25 + 0.07 µs). Ring LL on the one channel of 16 it launches would take 25.2
-    + 32 KiB / (291.1 / 16) = 27.0 µs."""
+    32/31) = 25.31, which Flint times by its chunks at 21.0 - 14.4 + 2 x (4.8 + 32 KiB at the
+    pipeline's bandwidth) = 16.4 µs, as 2.30.7's (25 + 0.07 µs). Ring LL on the one channel of 16
+    it launches would take 25.2 + 32 KiB / (291.1 / 16) = 27.0 µs."""
     rack, shape, total = nvl72_racks(1), Placement(32, 1), 32 * 1024
     graph = 32 * 20.0
     for release, bandwidth in (("2.30.7", graph * 0.74 * 31 / 32 * 31 / 32), ("2.26.2", graph),
@@ -167,7 +191,8 @@ def test_nccls_tuners_predict_nvls_gathers_by_their_own_formula():
     for release in ("2.26.2", None):
         chosen = nvl72_racks(1, release).choose(pb.ALL_GATHER, total // 32, shape)
         assert chosen.algorithm == "NVLS"
-        assert chosen.micros == pytest.approx(32.5 + total / (845.4 * 31 / 64 * 0.6 * 1e3))
+        assert chosen.micros == pytest.approx(nvls_pipelined(total, 16 * 1024, 24 * 32, 845.4 * 31 / 64, stages=2))
+        assert chosen.micros == pytest.approx(16.4, abs=0.05)
     ring = rack.choose(pb.ALL_GATHER, total // 32, shape, algorithm="Ring", protocol="LL")
     assert ring.micros == pytest.approx(25.2 + total / (ring_ll / 16 * 1e3))
     assert ring.micros == pytest.approx(27.0, abs=0.05)
@@ -468,17 +493,19 @@ def test_before_2_21_ring_ll_took_a_quarter_so_nvls_ran_from_512_kib():
     """One 8x H100 node, 512 KiB all-reduce. 2.24.3's tuner: Ring LL 6.6 + 14 x 0.6 = 15.0 µs at
     min(141, 370.8 / 2) x 8/14 = 80.57 GB/s, 21.51 µs; NVLS 25 + 512 KiB / (322.7 x 5/6): 26.95:
     Ring LL, which Flint times so too. 2.20.5's: Ring LL at min(87.7, 370.8 / 4) x 8/14 = 50.11,
-    25.46 µs; NVLS 23 + 1.97 = 24.97: NVLS, as 2.18.5's (its base 23): Flint times NVLS 32.5 +
-    512 KiB / (480 x 8/14 x 0.5, the correction at log2(512 KiB / 64) = 13) = 36.32 µs. The NVLS
-    graph: 8 channels of 40 GB/s in every release (9 x 40 within a GPU's 370.8; 50 would not fit)."""
+    25.46 µs; NVLS 23 + 1.97 = 24.97: NVLS, as 2.18.5's (its base 23): Flint times NVLS by its
+    chunks, one round of 128 x 4 KiB (less than 16 KiB each), three stages: 21.0 + 3 x 512 KiB at
+    1 / (14 / 480 - 4.8 µs / 16 MiB) GB/s = 26.28 µs. The NVLS graph: 8 channels of 40 GB/s in
+    every release (9 x 40 within a GPU's 370.8; 50 would not fit)."""
     size, shape = 512 * 1024, Placement(8, 1)
     nvls_graph = 8 * 40.0
-    assert 32.5 + size / (480 * 8 / 14 * 0.5 * 1e3) == pytest.approx(36.32, abs=0.005)
+    flint_nvls = 21.0 + 3 * size * (14 / (480 * 8e3) - 4.8 / (16 * MIB))
+    assert flint_nvls == pytest.approx(nvls_pipelined(size, 16 * 1024, 128, 480 * 8 / 14))
+    assert flint_nvls == pytest.approx(26.28, abs=0.005)
     assert 15.0 + size / (141 * 8 / 14 * 1e3) < 25 + size / (nvls_graph * 5 / 6 * 1e3)
     assert 15.0 + size / (87.7 * 8 / 14 * 1e3) > 23 + size / (nvls_graph * 5 / 6 * 1e3)
     for release, algorithm, micros in (("2.24.3", "Ring", 15.0 + size / (141 * 8 / 14 * 1e3)),
-                                       ("2.20.5", "NVLS", 32.5 + size / (480 * 8 / 14 * 0.5 * 1e3)),
-                                       ("2.18.5", "NVLS", 32.5 + size / (480 * 8 / 14 * 0.5 * 1e3))):
+                                       ("2.20.5", "NVLS", flint_nvls), ("2.18.5", "NVLS", flint_nvls)):
         model = NcclModel(replace(NODE.network, cluster=replace(NODE.cluster, nccl=release)))
         choice = model.choose(pb.ALL_REDUCE, size, shape)
         assert (choice.algorithm, choice.micros) == (algorithm, pytest.approx(micros)), release
@@ -529,13 +556,13 @@ def test_before_2_19_nvls_tree_took_its_own_ratio_and_latency():
 
 def test_no_release_runs_nvls_before_hopper():
     """NCCL's search finds no NVLS graph below compute capability 9.0, so a file that gives an
-    Ampere node NVLS bandwidths still runs its ring under every release's tuner: 1 GiB on one
-    node, Ring Simple, 8.4 + 14 x 3.4 µs + 1 GiB / (370.8 x 8 / 14), though by Flint's own times
-    the file's NVLS would be faster."""
+    Ampere node NVLS bandwidths has no NVLS (held to it, one line) and runs its ring under every
+    release's tuner: 1 GiB on one node, Ring Simple, 8.4 + 14 x 3.4 µs + 1 GiB / (370.8 x 8 / 14)."""
     ampere = replace(NODE.cluster, architecture="ampere")
-    timed = {(a, p): lat + GIB / (bw * 1e3) for a, p, lat, bw in
-             NcclModel(replace(NODE.network, cluster=ampere)).candidates(pb.ALL_REDUCE, GIB, Placement(8, 1))}
-    assert min(timed, key=timed.get) == ("NVLS", "Simple")
+    model = NcclModel(replace(NODE.network, cluster=ampere))
+    assert "NVLS" not in {a for a, *_ in model.candidates(pb.ALL_REDUCE, GIB, Placement(8, 1))}
+    with pytest.raises(FlintError, match="NCCL has no NVLS here"):
+        model.choose(pb.ALL_REDUCE, GIB, Placement(8, 1), algorithm="NVLS")
     for release in ("2.26.2", "2.30.7", None):
         tuned = NcclModel(replace(NODE.network, cluster=replace(ampere, nccl=release)))
         choice = tuned.choose(pb.ALL_REDUCE, GIB, Placement(8, 1))
@@ -663,11 +690,11 @@ def test_an_a100_node_has_no_nvls_and_its_rings_run_at_their_fitted_numbers():
 
 def test_simulate_times_one_collective_as_nccl_by_default(tmp_path):
     """flint simulate's estimator (the default engine) on one 1 GiB all-reduce over 8 ranks: NVLS's
-    32.5 + 2^30 / (480 x 8 / 14 x 10^3) µs."""
+    64 rounds of 16 MiB, three stages deep, 21.0 - 14.4 + 66 x 2^24 / (480 x 8 / 14 x 10^3) µs."""
     traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, GIB)
     result = json.loads(flint("simulate", traces, "--json", "-o", tmp_path / "s").stdout)
     assert result["engine"] == "flint" and result["collectives"] == "nccl"
-    assert result["step_us"] == pytest.approx(32.5 + GIB / (480 * 8 / 14 * 1e3))
+    assert result["step_us"] == pytest.approx(6.6 + 66 * 16 * MIB / (480 * 8 / 14 * 1e3))
 
 
 def test_a_bad_network_file_is_one_line(tmp_path):
@@ -686,6 +713,26 @@ def test_a_bad_network_file_is_one_line(tmp_path):
                     '[scale_out]\nnics = 8\nnic_gbps = 47\nsharp = "no"\n')
     with pytest.raises(FlintError, match=r"is not valid: .*sharp is 'no', not true or false"):
         network_for(str(path), [("tensor", 8)])
+
+
+def test_an_nvls_step_longer_than_its_largest_round_is_one_line(tmp_path):
+    """A round of 128 chunks of 128 KiB at 480 GB/s of bus bandwidth (x 8 / 14) takes 16 MiB /
+    274.3 GB/s = 61.2 µs on 8 GPUs: a step of 70 µs cannot fit in it whatever the bandwidth, so
+    the file's numbers contradict each other, and a 1 GiB all-reduce (NVLS) says so in one line;
+    60 µs fits."""
+    text = ('name = "steep"\narchitecture = "hopper"\n[node]\ngpus = 8\nbus_gbps = 370.8\n'
+            'nvls_bus_gbps = [480.0]\nnvls_latency_us = 21.0\nnvls_step_us = {}\n')
+    path = tmp_path / "steep.toml"
+    path.write_text(text.format(70))
+    traces = one_collective(tmp_path / "one", [list(range(8))], pb.ALL_REDUCE, GIB)
+    run = flint("simulate", traces, "--network", str(path), "-o", tmp_path / "s")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "NVLS's step (70 µs, node.nvls_step_us) outlasts a round of its largest chunks" in run.stderr
+    assert "(61.2 µs on 8 GPUs)" in run.stderr
+    path.write_text(text.format(60))
+    model = NcclModel(network_for(str(path), [("tensor", 8)]))
+    assert model.choose(pb.ALL_REDUCE, GIB, Placement(8, 1)).micros == pytest.approx(
+        21.0 - 3 * 60 + 66 * 16 * MIB / (480 * 8 / 14 * 1e3))
 
 
 @pytest.mark.parametrize("network_line, device_line, expected", [

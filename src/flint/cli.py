@@ -1045,7 +1045,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     the one that bounds what NCCL runs there (NVLS's or the ring's in a node; across nodes the
     NICs', or the node's where NVLS bounds NVLS-Tree, or NCCL's channels between nodes where the
     run outruns NCCL's caps per channel; a run whose largest size does not show one is refused)
-    and, to the smaller sizes, NVLS's latency or a node's Simple ring step and LL128
+    and, to the smaller sizes, NVLS's latency and step or a node's Simple ring step and LL128
     share from one-node runs, the network's latency from runs across nodes (one the sizes leave
     open, as a latency measured at one size, keeps the file's own); prints each size measured
     beside NCCL's model before and after; and writes the network file (use it as --network). Runs

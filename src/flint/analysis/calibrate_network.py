@@ -21,7 +21,10 @@ Then the numbers that shape the smaller sizes, each the value that minimises the
 log ratios of modelled to measured time over its runs' sizes (a coarse grid, then a fine one
 around its best), in turns with the bandwidths until they hold:
 
-- to one-node runs whose bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs);
+- to one-node runs whose bandwidth is NVLS's, NVLS's latency (0 to 2,000 µs, to 0.5 µs) and the
+  step a round of its chunks costs (0 to 50 µs, to 0.05 µs), the step only where a size runs
+  chunks smaller than NCCL's largest: rounds of the largest reach the bandwidth whatever the step,
+  so sizes that all run them fix the latency less the steps alone;
 - to one-node runs whose bandwidth is the ring's, one step of a Simple ring (0 to 100 µs, to
   0.05 µs; NCCL's tuner takes 3.4 on NVLink) and the share of the ring's bandwidth LL128 reaches
   (0.05 to 1, to 0.01; NCCL's 0.92);
@@ -62,7 +65,7 @@ from dataclasses import dataclass, field, replace
 from flint.analysis.nccl_tests import NcclTestsRun
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import Choice, NcclModel, Placement, forced_name
+from flint.step.nccl import NVLS_LARGEST_CHUNK, Choice, NcclModel, Placement, forced_name
 from flint.step.network import Dimension, Network
 from flint.step.network_files import NetworkFile, nccl_release, nccl_releases
 
@@ -81,12 +84,13 @@ class Shape:
 
 
 NVLS_LATENCY = Shape("node.nvls_latency_us", 0.0, 2000.0, 5.0, 0.5)
+NVLS_STEP = Shape("node.nvls_step_us", 0.0, 50.0, 0.5, 0.05)
 RING_SIMPLE_HOP = Shape("node.ring_simple_hop_us", 0.0, 100.0, 0.5, 0.05)
 LL128_FRACTION = Shape("node.ll128_bus_fraction", 0.05, 1.0, 0.05, 0.01, bounded=False)
 NETWORK_LATENCY = Shape("scale_out.latency_us", 0.0, 100.0, 0.5, 0.05)
 SHAPES = {"node.bus_gbps": (RING_SIMPLE_HOP, LL128_FRACTION)}
-"""What else each bandwidth's one-node runs fit (NVLS's bandwidths: NVLS_LATENCY). Runs across
-nodes fit the network's latency (NETWORK_LATENCY), all of them together."""
+"""What else each bandwidth's one-node runs fit (NVLS's bandwidths: NVLS_LATENCY and NVLS_STEP).
+Runs across nodes fit the network's latency (NETWORK_LATENCY), all of them together."""
 CHANNELS = "scale_out.channels"
 """NCCL's channels between nodes: a number of the file that NCCL's per-channel caps multiply, fitted
 only to a run faster than they allow."""
@@ -178,9 +182,22 @@ def modelled(network: NetworkFile, comm_type: int, size: int, placement: Placeme
              protocol: str | None = None) -> Choice:
     """NCCL's model of one nccl-tests row: `size` bytes as nccl-tests counts them (of `algorithm`
     and `protocol` where the run forced them)."""
-    model = NcclModel(Network((Dimension("Switch", placement.ranks, 1.0, 0.0),), network.name, network))
     per_rank = size // placement.ranks if comm_type == pb.ALL_GATHER else size
-    return model.choose(comm_type, max(per_rank, 1), placement, algorithm, protocol)
+    return _model(network, placement).choose(comm_type, max(per_rank, 1), placement, algorithm, protocol)
+
+
+def _model(network: NetworkFile, placement: Placement) -> NcclModel:
+    return NcclModel(Network((Dimension("Switch", placement.ranks, 1.0, 0.0),), network.name, network))
+
+
+def _shows_nvls_step(network: NetworkFile, one: PlacedRun) -> bool:
+    """Whether a run has a size NVLS runs in one node in chunks smaller than NCCL's largest: only
+    there does a round's step show, since rounds of the largest reach NVLS's bandwidth whatever it
+    is (`flint.step.nccl`), and a run without such sizes fixes the latency less the steps alone."""
+    model, placement = _model(network, one.placement), one.placement
+    return placement.nodes == 1 and any(
+        one.choice(network, row.size).algorithm == "NVLS" and model.nvls_chunk(row.size, placement) < NVLS_LARGEST_CHUNK
+        for row in one.run.rows)
 
 
 def placement_of(run: NcclTestsRun, ranks: int | None, nodes: int | None) -> Placement:
@@ -252,9 +269,14 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
     fits: list[tuple[Shape, list[PlacedRun], Callable[[NetworkFile], NetworkFile]]] = []
     for parameter, measured in groups:
         one_node = [one for one in measured if one.placement.nodes == 1]
-        shapes = (NVLS_LATENCY,) if parameter.startswith("node.nvls_bus_gbps") else SHAPES.get(parameter, ())
-        fits += [(shape, one_node, lambda n, p=parameter, m=measured: _fit_bandwidth(n, p, m))
-                 for shape in shapes if one_node]
+        if not one_node:
+            continue
+        if parameter.startswith("node.nvls_bus_gbps"):
+            steps = any(_shows_nvls_step(base, one) for one in one_node)
+            shapes = (NVLS_LATENCY, NVLS_STEP) if steps else (NVLS_LATENCY,)
+        else:
+            shapes = SHAPES.get(parameter, ())
+        fits += [(shape, one_node, lambda n, p=parameter, m=measured: _fit_bandwidth(n, p, m)) for shape in shapes]
     across = [one for one in placed if one.placement.nodes > 1]
     if across:
         fits.append((NETWORK_LATENCY, across, refit))
@@ -458,7 +480,13 @@ def _timer(network: NetworkFile, parameter: str, one: PlacedRun, size: int) -> C
 
 
 def _misfit(network: NetworkFile, runs: Sequence[PlacedRun]) -> float:
-    return sum(math.log(one.choice(network, row.size).micros / row.micros) ** 2 for one in runs for row in one.run.rows)
+    """The sum of squared log ratios of modelled to measured time; a network NCCL's model refuses
+    (an NVLS step longer than a round of its largest chunks takes) fits worst."""
+    try:
+        return sum(math.log(one.choice(network, row.size).micros / row.micros) ** 2
+                   for one in runs for row in one.run.rows)
+    except FlintError:
+        return math.inf
 
 
 def _get(network: NetworkFile, parameter: str) -> float:

@@ -11,7 +11,8 @@ an all-gather's output, a reduce-scatter's input):
     time = latency(algorithm, protocol) + nBytes / (algorithm bandwidth x launched / channels)
 
 NCCL chooses by that time with every channel launched; its runtime then launches fewer for a small
-Ring or Tree collective (see `_launched_share`), which the time counts.
+Ring or Tree collective (see `_launched_share`), which the time counts. NVLS in one node is timed
+by its chunks (below, "NVLS's chunks").
 
 **Which runs.** What NCCL's tuner predicts fastest, whether or not it is: the tuner of the release
 the network file names (`nccl`, 2.18.1 to 2.30.7), else of the newest (`NetworkFile.release`)
@@ -35,10 +36,12 @@ node, so 16 of NVL72's 72). Then, per algorithm and protocol (tuning.cc's "model
 | Tree (all-reduce, > 1 node)           | min(0.92 B, channels x tree per channel), then  | bus / 2, x NCCL's tree |
 |                                       | LL: min(x / 3.8, llMax); LL128: min(x 120/128,  | correction by size     |
 |                                       | channels x treeLL128 per channel)               | below 512 MB           |
-| NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps, x the |
-|                                       |                                                 | correction below 1 GB  |
+| NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps; in 1  |
+|                                       |                                                 | node by its chunks,    |
+|                                       |                                                 | else x the correction  |
+|                                       |                                                 | below 1 GB             |
 | NVLS (all-gather, reduce-scatter;     | nvls_bus_gbps[ppn]                              | bus x (ppn-1) / 2 ppn, |
-| 1 node)                               |                                                 | x the correction       |
+| 1 node)                               |                                                 | by its chunks          |
 | NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps, x the |
 |                                       | channels x NVLS-tree per channel)               | correction below 1 GB  |
 | CollNet Direct (all-reduce, SHARP)    | 0.85 B                                          | bus / 2                |
@@ -46,14 +49,28 @@ node, so 16 of NVL72's 72). Then, per algorithm and protocol (tuning.cc's "model
 | one GPU per node)                     |                                                 |                        |
 
 The correction is NCCL's tree correction by size (Simple's row), which NCCL's tuner applies to
-NVLS-Tree only on Blackwell with x86 hosts. Flint applies it to NVLS and NVLS-Tree everywhere,
-because measured runs on Hopper ramp up as it does: after NCCL's own latency (25 µs in a node, 20.9
-more per step between nodes), NVIDIA's 8x H100 sample reaches 0.70, 0.82, 0.87, 0.90 and 0.92 of
-its peak bandwidth at 32 MB to 512 MB (the factors: 0.7, 0.8, 0.9, 0.9, 0.9), and the five runs on
-2, 4 and 8 nodes of nccl-tests issue 309 (NVLS-Tree) 0.58 to 0.68 of their own peaks at 32 MB, 0.66
-to 0.79 at 64 MB, 0.78 to 0.86 at 128 MB, 0.76 to 0.89 at 256 MB. A fixed latency cannot give both
-ends: without the correction the sample's fit needed 81.5 µs, which NVLS-Tree between nodes then
-paid at every size.
+NVLS-Tree only on Blackwell with x86 hosts. Flint applies it to NVLS-Tree everywhere and to NVLS
+across nodes, because measured runs on Hopper ramp up as it does: after NCCL's own latency (20.9
+µs a step between nodes) the five runs on 2, 4 and 8 nodes of nccl-tests issue 309 (NVLS-Tree)
+reach 0.58 to 0.68 of their own peaks at 32 MB, 0.66 to 0.79 at 64 MB, 0.78 to 0.86 at 128 MB,
+0.76 to 0.89 at 256 MB. A fixed latency cannot give both ends.
+
+**NVLS's chunks** (in one node; `_nvls_pipeline`). NCCL's kernel moves NVLS in rounds: each of its
+channels (16 on Hopper, 24 on Blackwell: transport/nvls.cc) has a head per GPU, and channels x
+heads chunks move at once (128 on 8x H100). The chunk is 128 KiB, halved as the bytes shrink
+(enqueue.cc calcCollChunking: on 8x H100 64 KiB below 1 GiB, 32 KiB below 64 MiB, 16 KiB below 8
+MiB), and each chunk passes through the kernel's warp groups in turn (an all-reduce's scatter,
+reduce and broadcast, gather: 3 stages; an all-gather's or reduce-scatter's 2). So R rounds of W
+bytes take
+
+    time = nvls_latency_us - 3 step + (R + stages - 1) x (step + W / P),   R = nBytes / W >= 1
+
+(one round of fewer bytes: stages x (step + nBytes / P)), with the node's `nvls_step_us` as step
+and P the algorithm bandwidth at which rounds of 128 KiB chunks reach the table's (from
+`nvls_bus_gbps`, which the largest sizes measure): 1 / P = 1 / table - step / W(128 KiB). An
+all-reduce of no bytes takes `nvls_latency_us`. Fitted to NVIDIA's 8x H100 sample (21.0 µs, 4.8 µs
+a round), this gives its 2 MiB to 16 GiB within 0.98 to 1.04 (8 MiB: 1.00, where the tree
+correction gave 0.86). NCCL's tuner has no such term: it predicts NVLS by its latency and bandwidth.
 
 steps = 2(N-1) for an all-reduce, N-1 for an all-gather or reduce-scatter, N for a broadcast:
 so nccl-tests' bus bandwidth of a ring is B. f is NCCL's 0.92, or on one node the network's
@@ -71,7 +88,8 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
   broadcast pays one hop; a Simple all-reduce across nodes of at least 64 B per channel and rank
   pays its latency 1.4 times (the ring's plateau).
 - Tree: base + 2((ppn-1) intra + log2(nodes) inter).
-- NVLS: the node's `nvls_latency_us` (+ inter across nodes); NVLS-Tree: that + 2 log2(nodes) inter.
+- NVLS: in one node by its chunks (above); across nodes the node's `nvls_multinode_latency_us` (else
+  `nvls_latency_us`) + inter; NVLS-Tree: that + 2 log2(nodes) inter.
 - CollNet Direct: base + 2(min(1, ppn-1) intra + 0.4 (ppn-1)) + inter.
 - PAT: base + log2(nodes) inter / 3.5 + 2.8 N.
 
@@ -82,8 +100,9 @@ the ring only; NVLS for an all-gather or reduce-scatter in one node (across node
 CollNet for it) of at most 32 GPUs (NCCL's runtime skips it above NCCL_MAX_NVLS_ARITY from 2.26;
 Flint in every release), at (ppn - 1) / 2 ppn of NVLS's all-reduce bus bandwidth as NCCL's tuner
 has it (`_nvls_gather_share`; before 2.28 its tuner predicts the NVLS graph's nChannels x bwIntra,
-with no 5/6 from 2.23). By these times a ring is faster on every built-in network; NCCL's tuners
-predict NVLS for 16 to 32 GPUs of an NVL72 rack at some sizes, so it runs there, as Flint times it.
+with no 5/6 from 2.23). By these times a ring is faster on 8-GPU nodes, and from a few megabytes
+on 32 GPUs of an NVL72 rack; NCCL's tuners predict NVLS for 16 to 32 GPUs of an NVL72 rack at some
+sizes, so it runs there, as Flint times it.
 
 **All-to-all and SEND/RECV** are not tuned collectives in NCCL but grouped point-to-point
 transfers: latency base[ring][Simple] + intra hop (+ inter across nodes), and the bytes for other
@@ -120,6 +139,8 @@ each rank sending to the next)."""
 
 NCCL = nccl_constants()
 """NCCL's tuner constants (`networks/nccl.toml`)."""
+NVLS_LARGEST_CHUNK = NCCL["nvls_chunks"]["largest_bytes"]
+"""The chunk NCCL cuts NVLS into at the largest sizes (NCCL_NVLS_CHUNKSIZE's default)."""
 NVLS_RATIO_BEFORE_2_28 = 5 / 6
 """NVLS's and NVLS-Tree's algorithm bandwidth per bus bandwidth in NCCL's tuner before 2.28
 (tuning.cc: ratio *= 5.0/6.0)."""
@@ -133,7 +154,7 @@ class Tuner:
     where each setting is explained): its tables and the formulas that changed between releases.
     NCCL runs what this predicts fastest, whether or not it is. Flint's own times take the newest
     release's (`NEWEST`) except where it fitted its own to measured runs (NVLS's latency, a Simple
-    ring's step inside a node, LL128's share of a ring) and in NVLS's size correction."""
+    ring's step inside a node, LL128's share of a ring) and NVLS's chunks and size correction."""
 
     release: str
     architecture: dict
@@ -294,9 +315,38 @@ class NcclModel:
                     continue
                 bus = self._bus(algorithm, protocol, comm_type, shape, tuner)
                 bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape, tuner)
-                found.append((algorithm, protocol,
-                              self._latency(algorithm, protocol, comm_type, total, shape, tuner), bandwidth))
+                latency = self._latency(algorithm, protocol, comm_type, total, shape, tuner)
+                if tuner is None and algorithm == "NVLS" and shape.nodes == 1 and bandwidth > 0:
+                    latency, bandwidth = self._nvls_pipeline(comm_type, latency, bandwidth, total, shape)
+                found.append((algorithm, protocol, latency, bandwidth))
         return found
+
+    def _nvls_pipeline(self, comm_type: int, latency: float, bandwidth: float, total: int,
+                       shape: Placement) -> tuple[float, float]:
+        """NVLS in one node as its kernel moves `total` bytes (Flint's times; `nvls_chunks` in
+        nccl.toml): in rounds of channels x heads chunks (on 8x H100 16 x 8 = 128 at once), each
+        round costing the node's `nvls_step_us` plus its bytes at the pipeline's bandwidth and
+        passing through the kernel's stages in turn (3 for an all-reduce), so that R rounds take
+        R + stages - 1 rounds' time; one round of less than whole chunks takes `stages` of its
+        own. NCCL halves the chunk as the bytes shrink (16 KB below 8 MiB on 8x H100), which is
+        the ramp measured runs show between a latency and the bandwidth, and which NCCL's tuner
+        does not model. `latency` (the node's `nvls_latency_us`) is an all-reduce's time for no
+        bytes; the pipeline's bandwidth is what makes rounds of the largest chunks reach
+        `bandwidth` (from the node's `nvls_bus_gbps`, which the largest sizes measure). Returned as
+        the (latency, bandwidth) that give that time for these bytes."""
+        node, chunks = self.cluster.node, NCCL["nvls_chunks"]
+        ops, chunk, largest = self._nvls_ops(shape), self.nvls_chunk(total, shape), NVLS_LARGEST_CHUNK
+        step, stages = node.nvls_step_us, chunks["stages"][_STAGES[comm_type]]
+        per_byte = 1 / (bandwidth * 1e3) - step / (ops * largest)  # µs a byte at the pipeline's bandwidth
+        if per_byte <= 0:
+            raise FlintError(f"network {self.cluster.name}: NVLS's step ({step:g} µs, node.nvls_step_us) outlasts a "
+                             f"round of its largest chunks at node.nvls_bus_gbps ({ops * largest / (bandwidth * 1e3):.1f}"
+                             f" µs on {math.ceil(shape.ppn)} GPUs): give a shorter step or a higher bandwidth")
+        start = latency - chunks["stages"]["all_reduce"] * step
+        whole = ops * chunk
+        if total < whole:
+            return start + stages * step, 1 / (stages * per_byte * 1e3)
+        return start + (stages - 1) * (step + whole * per_byte), 1 / ((step / whole + per_byte) * 1e3)
 
     def _launched_share(self, algorithm: str, protocol: str, total: int, shape: Placement) -> float:
         """The share of its channels NCCL's runtime launches a Ring or Tree collective of `total`
@@ -327,18 +377,24 @@ class NcclModel:
         if comm_type == pb.BROADCAST:
             return ["Ring"]
         if comm_type in (pb.ALL_GATHER, pb.REDUCE_SCATTER):  # NVLS in one node (across nodes NCCL needs CollNet)
-            nvls = cluster.node.nvls and not many and 1 < shape.ppn <= NCCL["launch"]["max_nvls_arity"]
+            nvls = self._nvls() and not many and 1 < shape.ppn <= NCCL["launch"]["max_nvls_arity"]
             return ["Ring"] + (["PAT"] if many and shape.ppn == 1 else []) + (["NVLS"] if nvls else [])
         found = ["Ring"]
         if many:
             found.append("Tree")
-        if cluster.node.nvls and shape.ppn > 1 and (not many or sharp):
+        if self._nvls() and shape.ppn > 1 and (not many or sharp):
             found.append("NVLS")
-        if cluster.node.nvls and many and shape.ppn > 1:
+        if self._nvls() and many and shape.ppn > 1:
             found.append("NVLS-Tree")
         if many and sharp and shape.ppn <= NCCL["launch"]["collnet_direct_max_ranks"]:
             found.append("CollNet")
         return found
+
+    def _nvls(self) -> bool:
+        """Whether NCCL has NVLS here: the file gives the node NVLS bandwidths, and the GPUs are
+        Hopper or later (below compute capability 9.0 NCCL's search finds no NVLS graph, search.cc;
+        its tuner's nvlsEfficiency is 0 there)."""
+        return self.cluster.node.nvls and NEWEST.architecture[self.cluster.architecture]["nvls_efficiency"] > 0
 
     def _ll128(self) -> bool:
         """NCCL enables LL128 only where a node's GPUs reach each other over NVLink (tuning.cc:
@@ -425,8 +481,6 @@ class NcclModel:
         nvls = self.cluster.node.nvls_bus(shape.ppn) if self.cluster.node.nvls else 0.0
         if tuner is not None and algorithm in ("NVLS", "NVLS-Tree"):
             efficiency = tuner.architecture[self.cluster.architecture]["nvls_efficiency"]
-            if not efficiency:
-                return 0.0  # before Hopper NCCL finds no NVLS graph (search.cc), whatever the file says
             if shape.nodes == 1:
                 return self._nvls_bus_in_one_node(efficiency, shape, tuner)
             if tuner.nvls_before_2_28:
@@ -502,17 +556,32 @@ class NcclModel:
             bandwidth = bus
         else:
             bandwidth = bus * 0.5
-        if self._corrected(algorithm, tuner):
+        if self._corrected(algorithm, shape, tuner):
             log_size = int(math.log2(total >> 6)) if total >= 64 else -1
             entries = 23 if algorithm == "Tree" else 24  # NCCL's: below 512 MB, below 1 GB
             if 0 <= log_size < entries:
                 bandwidth *= NCCL["tree_correction"][protocol.lower()][log_size]
         return bandwidth
 
-    def _corrected(self, algorithm: str, tuner: Tuner | None) -> bool:
-        """Whether the tree correction by size applies: to Tree; in Flint's times to NVLS and
-        NVLS-Tree too; in NCCL's tuner to NVLS-Tree on Blackwell with x86 hosts, from 2.29.2."""
-        if algorithm == "Tree" or (tuner is None and algorithm in ("NVLS", "NVLS-Tree")):
+    def _nvls_ops(self, shape: Placement) -> int:
+        """The chunks NVLS moves at once in one node: its channels x heads (one per GPU)."""
+        return NCCL["nvls_chunks"]["channels"][self.cluster.architecture] * self._nvls_channels(shape)
+
+    def nvls_chunk(self, total: int, shape: Placement) -> int:
+        """The chunk NCCL's runtime cuts NVLS of `total` bytes in one node into (enqueue.cc
+        calcCollChunking): its largest, halved below so many rounds of it."""
+        ops, chunk = self._nvls_ops(shape), NVLS_LARGEST_CHUNK
+        for rounds, smaller in NCCL["nvls_chunks"]["halving"]:
+            if total < rounds * ops * chunk and chunk > smaller:
+                chunk = smaller
+        return chunk
+
+    def _corrected(self, algorithm: str, shape: Placement, tuner: Tuner | None) -> bool:
+        """Whether the tree correction by size applies: to Tree; in Flint's times to NVLS-Tree and
+        to NVLS across nodes too (in one node NVLS's chunks give its ramp: `_nvls_pipeline`); in
+        NCCL's tuner to NVLS-Tree on Blackwell with x86 hosts, from 2.29.2."""
+        if algorithm == "Tree" or (tuner is None and (algorithm == "NVLS-Tree" or
+                                                      (algorithm == "NVLS" and shape.nodes > 1))):
             return True
         return (tuner is not None and algorithm == "NVLS-Tree" and tuner.nvls_tree_corrected
                 and self.cluster.architecture == "blackwell" and self.cluster.cpu in X86)
@@ -553,12 +622,21 @@ class NcclModel:
             if tuner is not None and tuner.nvls_before_2_19:  # the network's hop alone, without its latency
                 hops_between = 1 if algorithm == "NVLS" else 2 * (nodes - 1)
                 return base + (hops["net"][key][p] * hops_between if nodes > 1 else 0.0)
-            # Flint's fitted latency; NCCL's tuner its base and NVLink hop
-            start = self.cluster.node.nvls_latency_us if tuner is None else base + intra
+            # Flint's fitted latency (NVLS's chunks add to it in one node); NCCL's tuner its base and NVLink hop
+            start = base + intra if tuner is not None else self._nvls_start(nodes)
             return start + (inter if nodes > 1 else 0.0) if algorithm == "NVLS" else start + 2 * log_nodes * inter
         if algorithm == "CollNet":
             return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * rules.collnet_arity_us) + inter
         return base + log_nodes * inter / 3.5 + n * 2.8  # PAT
+
+    def _nvls_start(self, nodes: int) -> float:
+        """NVLS's latency in the node in Flint's times: in one node the node's `nvls_latency_us` (an
+        all-reduce's time for no bytes; `_nvls_pipeline` adds its chunks' time); across nodes
+        (NVLS-Tree, NVLS with SHARP) the node's `nvls_multinode_latency_us`, else that."""
+        node = self.cluster.node
+        if nodes > 1 and node.nvls_multinode_latency_us is not None:
+            return node.nvls_multinode_latency_us
+        return node.nvls_latency_us
 
     def _inter(self, key: str, p: int, shape: Placement, rules: Tuner = NEWEST) -> float:
         """One step between nodes: NCCL's network hop for the algorithm as `rules`' release has it
@@ -587,6 +665,9 @@ class NcclModel:
         inside = nbytes * (ppn - 1) / n / (self.cluster.node.bus_gbps * 1e3)
         outside = nbytes * (n - ppn) / n / (self._nic_share() * 1e3) if shape.nodes > 1 else 0.0
         return self._p2p_latency(shape.nodes > 1) + max(inside, outside)
+
+
+_STAGES = {pb.ALL_REDUCE: "all_reduce", pb.ALL_GATHER: "all_gather", pb.REDUCE_SCATTER: "reduce_scatter"}
 
 
 def forced_name(algorithm: str | None, protocol: str | None) -> str:
