@@ -316,7 +316,7 @@ class NcclModel:
                 bus = self._bus(algorithm, protocol, comm_type, shape, tuner)
                 bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape, tuner)
                 latency = self._latency(algorithm, protocol, comm_type, total, shape, tuner)
-                if tuner is None and algorithm == "NVLS" and shape.nodes == 1 and bandwidth > 0:
+                if _chunked(algorithm, shape, tuner) and bandwidth > 0:
                     latency, bandwidth = self._nvls_pipeline(comm_type, latency, bandwidth, total, shape)
                 found.append((algorithm, protocol, latency, bandwidth))
         return found
@@ -577,11 +577,11 @@ class NcclModel:
         return chunk
 
     def _corrected(self, algorithm: str, shape: Placement, tuner: Tuner | None) -> bool:
-        """Whether the tree correction by size applies: to Tree; in Flint's times to NVLS-Tree and
-        to NVLS across nodes too (in one node NVLS's chunks give its ramp: `_nvls_pipeline`); in
-        NCCL's tuner to NVLS-Tree on Blackwell with x86 hosts, from 2.29.2."""
-        if algorithm == "Tree" or (tuner is None and (algorithm == "NVLS-Tree" or
-                                                      (algorithm == "NVLS" and shape.nodes > 1))):
+        """Whether the tree correction by size applies: to Tree; in Flint's times to NVLS and
+        NVLS-Tree too, except where NVLS's chunks give the ramp (`_chunked`); in NCCL's tuner to
+        NVLS-Tree on Blackwell with x86 hosts, from 2.29.2."""
+        if algorithm == "Tree" or (tuner is None and algorithm in ("NVLS", "NVLS-Tree")
+                                   and not _chunked(algorithm, shape, tuner)):
             return True
         return (tuner is not None and algorithm == "NVLS-Tree" and tuner.nvls_tree_corrected
                 and self.cluster.architecture == "blackwell" and self.cluster.cpu in X86)
@@ -665,6 +665,12 @@ class NcclModel:
         inside = nbytes * (ppn - 1) / n / (self.cluster.node.bus_gbps * 1e3)
         outside = nbytes * (n - ppn) / n / (self._nic_share() * 1e3) if shape.nodes > 1 else 0.0
         return self._p2p_latency(shape.nodes > 1) + max(inside, outside)
+
+
+def _chunked(algorithm: str, shape: Placement, tuner: Tuner | None) -> bool:
+    """Whether Flint times this by NVLS's chunks (`NcclModel._nvls_pipeline`): NVLS in one node, in
+    Flint's own times (NCCL's tuner has no such term)."""
+    return tuner is None and algorithm == "NVLS" and shape.nodes == 1
 
 
 _STAGES = {pb.ALL_REDUCE: "all_reduce", pb.ALL_GATHER: "all_gather", pb.REDUCE_SCATTER: "reduce_scatter"}
