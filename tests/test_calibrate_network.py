@@ -269,15 +269,25 @@ TWO_NODES = "".join(f"#  Rank {r:2} Group  0 Pid  {100 + r} on  node{r // 8} dev
                     for r in range(16))
 
 
+def nvls_tree_on_two_nodes(bus_gbps: float, sizes=SIZES) -> dict[int, float]:
+    """NVLS-Tree's all-reduce over two hgx nodes of 8 at `bus_gbps` (x 16 / 30 its algorithm
+    bandwidth), on `sizes` of 1 GiB or more, by NVLS's chunks (see test_nccl): rounds of 16 channels
+    x 8 heads x 128 KiB (16 MiB), each 4.8 µs plus its bytes at the rate that makes them reach the
+    bandwidth, 3 deep, after hgx's NVLS latency (21.0 µs) and two network steps of 20.9 (tuning.cc's
+    NVLS-Tree hop)."""
+    per_byte = 1 / (bus_gbps * 16 / 30 * 1e3) - 4.8 / (16 * MIB)
+    return {size: 21.0 + 2 * 20.9 - 3 * 4.8 + (size / (16 * MIB) + 2) * (4.8 + 16 * MIB * per_byte)
+            for size in sizes if size >= 2**30}
+
+
 def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
     """All-reduce across two hgx nodes of 8, 1 to 16 GiB: NCCL runs NVLS-Tree, whose bus bandwidth
     is the least of the node's NVLS (here 440 GB/s), twice the node's NICs on two nodes (2 x 8 x 47)
-    and 16 channels of 57.7: 440, after hgx's NVLS latency across nodes (32.5 µs) and two network
-    steps of 20.9 (tuning.cc's NVLS-Tree hop): 74.3 + S / (440 x 16 / 30 x 10^3) µs. Before, the
-    fit put the whole shortfall on the NICs: 27.5 GB/s each (440 / 16), where they carry 47. The
-    run's sizes fit the network's latency (0), not the node's NVLS latencies, which one node's run
-    measures: before, a two-node run moved them and with them every one-node NVLS time."""
-    times = {size: 32.5 + 2 * 20.9 + size / (440 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
+    and 16 channels of 57.7: 440 (`nvls_tree_on_two_nodes`). Before, the fit put the whole shortfall
+    on the NICs: 27.5 GB/s each (440 / 16), where they carry 47. The run's sizes fit the network's
+    latency (0), not the node's NVLS latency and step, which one node's run measures: before, a
+    two-node run moved them and with them every one-node NVLS time."""
+    times = nvls_tree_on_two_nodes(440)
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
@@ -286,8 +296,7 @@ def test_nvls_tree_held_by_nvls_fits_the_nodes_nvls_not_the_nics(tmp_path):
                              "scale_out.latency_us": pytest.approx(0, abs=0.05)}
     assert {row["algorithm"] for row in fit["runs"][0]["rows"]} == {"NVLS-Tree"}
     network = load_network_file(tmp_path / "f.toml")
-    assert (network.scale_out.nic_gbps, network.node.nvls_multinode_latency_us, network.node.nvls_latency_us) == (
-        47.0, 32.5, 21.0)
+    assert (network.scale_out.nic_gbps, network.node.nvls_latency_us, network.node.nvls_step_us) == (47.0, 21.0, 4.8)
 
 
 def test_a_run_faster_than_nccls_per_channel_cap_fits_the_channels_between_nodes(tmp_path):
@@ -296,7 +305,7 @@ def test_a_run_faster_than_nccls_per_channel_cap_fits_the_channels_between_nodes
     8 x 47): no number of the machine reaches it, so the fit gives the channels 470 / 57.7 = 8.146
     (the machine's channels outrun NCCL's caps) and leaves NVLS and the NICs; the written file
     reads back with it."""
-    times = {size: 32.5 + 2 * 20.9 + size / (470 * 16 / 30 * 1e3) for size in SIZES if size >= 2**30}
+    times = nvls_tree_on_two_nodes(470)
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", times, header=TWO_NODES)
     run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
     assert run.returncode == 0, run.stderr
@@ -575,14 +584,14 @@ def test_a_table_of_out_of_place_columns_only_says_so(tmp_path, columns):
 
 
 def test_a_run_slower_than_the_network_can_be_names_the_network(tmp_path):
-    """16 GiB all-reduced on 2 nodes of 8 GPUs by NVLS-Tree at 100 GB/s: 74.3 + S / (100 x 16 / 30
-    x 10^3) µs, slower than hgx's ring across its nodes (370.8 GB/s, under its eight 47 GB/s NICs),
+    """16 GiB all-reduced on 2 nodes of 8 GPUs by NVLS-Tree at 100 GB/s (`nvls_tree_on_two_nodes`),
+    slower than hgx's ring across its nodes (370.8 GB/s, under its eight 47 GB/s NICs),
     to which NCCL's tuner turns at any NVLS bandwidth low enough to give such a time: (8.4 + 28 x
     3.4 + 2 x 14) x 1.4 (the ring's plateau) + S / (370.8 x 16 / 30 x 10^3) µs. No bandwidth and no
     larger size fits it; before, the hint was to give a run that reaches larger sizes."""
     size = 2**34
     measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf",
-                          {size: 74.3 + size / (100 * 16 / 30 * 1e3)}, header="")
+                          nvls_tree_on_two_nodes(100, [size]), header="")
     ring = (8.4 + 28 * 3.4 + 2 * 14) * 1.4 + size / (370.8 * 16 / 30 * 1e3)
     run = flint("calibrate", "--network", "hgx", measured, "--ranks", "16", "--nodes", "2", "-o", tmp_path / "f.toml")
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -35,14 +35,16 @@ NODE = NcclModel(network_for("hgx", [("tensor", 8)]))
 TWO_NODES = NcclModel(network_for("hgx", [("data", 2), ("tensor", 8)]))
 
 
-def nvls_pipelined(total: int, chunk: int, ops: int, bandwidth: float, stages: int = 3) -> float:
-    """NVLS in one node by its chunks (µs): rounds of `ops` (channels x heads) chunks of `chunk`
-    bytes, each round 4.8 µs plus its bytes at the bandwidth that makes rounds of 128 KiB chunks
-    reach `bandwidth` (algorithm GB/s), `stages` rounds deep, after 21.0 µs less an all-reduce's
-    three steps; one round of fewer bytes takes `stages` of its own."""
-    per_byte = 1 / (bandwidth * 1e3) - 4.8 / (ops * 128 * 1024)
+def nvls_pipelined(total: int, chunk: int, ops: int, bandwidth: float, stages: int = 3, latency: float = 21.0,
+                   largest: int = 128 * 1024) -> float:
+    """NVLS or NVLS-Tree by its chunks (µs): rounds of `ops` (channels x heads) chunks of `chunk`
+    bytes, each round 4.8 µs plus its bytes at the bandwidth that makes rounds of `largest` chunks
+    reach `bandwidth` (algorithm GB/s), `stages` rounds deep, after `latency` (hgx's 21.0 µs, and
+    the network's hops across nodes) less an all-reduce's three steps; one round of fewer bytes
+    takes `stages` of its own."""
+    per_byte = 1 / (bandwidth * 1e3) - 4.8 / (ops * largest)
     whole = ops * chunk
-    return 21.0 - 3 * 4.8 + (max(total / whole, 1) + stages - 1) * (4.8 + min(total, whole) * per_byte)
+    return latency - 3 * 4.8 + (max(total / whole, 1) + stages - 1) * (4.8 + min(total, whole) * per_byte)
 
 
 def candidate(model: NcclModel, kind: int, total: int, shape: Placement, algorithm: str, protocol: str):
@@ -249,29 +251,73 @@ def test_tree_simple_across_nodes_and_where_the_tree_correction_ends():
 
 
 def test_across_two_nodes_large_all_reduces_take_nvls_tree():
-    """1 GiB on 2 nodes: NVLS-Tree, 32.5 + 2 x 1 x 20.9 = 74.3 µs at min(480, 2 x 8 x 47, 8 x 57.7)
-    x 16 / 30 GB/s: NCCL's cap for its 8 channels between nodes, 461.6 GB/s, below NVLS's 480."""
+    """1 GiB on 2 nodes: NVLS-Tree at min(480, 2 x 8 x 47, 8 x 57.7) x 16 / 30 GB/s (NCCL's cap for
+    its 8 channels between nodes, 461.6 GB/s, below NVLS's 480), through each node by NVLS's chunks
+    after 21.0 + 2 x 1 x 20.9 = 62.8 µs (hgx's NVLS latency, two network steps of NVLS-Tree's hop):
+    16 channels x 8 heads of 128 KiB (not below 4 rounds of them, 64 MiB), so 64 rounds of 16 MiB,
+    3 deep: 4,546.2 µs."""
     choice = TWO_NODES.choose(pb.ALL_REDUCE, GIB, Placement(16, 2))
     assert (choice.algorithm, choice.protocol) == ("NVLS-Tree", "Simple")
-    assert choice.micros == pytest.approx(74.3 + GIB / (8 * 57.7 * 16 / 30 * 1e3))
+    expected = nvls_pipelined(GIB, 128 * 1024, 16 * 8, 8 * 57.7 * 16 / 30, latency=62.8)
+    assert expected == pytest.approx(4546.2, abs=0.05)
+    assert choice.micros == pytest.approx(expected)
 
 
-def test_nvls_tree_takes_the_tree_correction_on_every_architecture_and_host():
+def test_nvls_tree_chunks_shrink_with_the_bytes_and_from_four_nodes():
+    """NVLS-Tree's chunks (enqueue.cc): at most 128 KiB on 2 nodes, 64 KiB from 4; 64 KiB below 4
+    rounds of the largest, 32 KiB below one round. On 2 hgx nodes (128 at once): 8 MiB is below 4 x
+    16 MiB and one round of 64 KiB (8 MiB) is not below it: one round of 64 KiB chunks, 3 deep,
+    62.8 - 14.4 + 3 (4.8 + 8 MiB / P) = 157.8 µs (measured on such nodes: 131.4 to 156.0). On 4
+    nodes (4 network steps: 104.6 µs; min(480, 8 x 47, 8 x 45.5) = 364 GB/s bus), 64 MiB runs 8
+    rounds of 64 KiB chunks: 104.6 - 14.4 + 10 (4.8 + 8 MiB / P), P from rounds of 64 KiB."""
+    two = TWO_NODES.choose(pb.ALL_REDUCE, 8 * MIB, Placement(16, 2))
+    assert two.algorithm == "NVLS-Tree"
+    assert TWO_NODES.nvls_chunk(8 * MIB, Placement(16, 2), "NVLS-Tree") == 64 * 1024
+    expected = nvls_pipelined(8 * MIB, 64 * 1024, 128, 8 * 57.7 * 16 / 30, latency=62.8)
+    assert expected == pytest.approx(157.8, abs=0.05)
+    assert two.micros == pytest.approx(expected)
+    four = four_nodes("2.18.5")
+    assert [four.nvls_chunk(size, Placement(32, 4), "NVLS-Tree") for size in (64 * MIB, 8 * MIB, 4 * MIB)] == [
+        64 * 1024, 64 * 1024, 32 * 1024]
+    candidates = {(a, p): (lat, bw) for a, p, lat, bw in four.candidates(pb.ALL_REDUCE, 64 * MIB, Placement(32, 4))}
+    latency, bandwidth = candidates["NVLS-Tree", "Simple"]
+    assert latency + 64 * MIB / (bandwidth * 1e3) == pytest.approx(
+        nvls_pipelined(64 * MIB, 64 * 1024, 128, 364 * 32 / 62, latency=104.6, largest=64 * 1024))
+
+
+def test_nvls_across_nodes_with_sharp_is_timed_by_its_chunks():
+    """hgx with SHARP between nodes, 2 nodes of 8, NVLS held to: min(480, 8 x 47) = 376 GB/s bus x
+    16 / 30 = 200.5 GB/s, after 21.0 + 18.0 µs (NVLS's network hop), by NVLS's chunks: 1 GiB in 64
+    rounds of 128 x 128 KiB. With 4 NICs a node (100.3 GB/s, below NCCL's 150), NCCL cuts it in at
+    most 32 KiB: 256 rounds of 4 MiB, each round's bytes at the rate that makes them reach 100.3."""
+    sharp = NcclModel(replace(TWO_NODES.network, cluster=replace(
+        TWO_NODES.cluster, scale_out=replace(TWO_NODES.cluster.scale_out, sharp=True))))
+    nvls = sharp.choose(pb.ALL_REDUCE, GIB, Placement(16, 2), algorithm="NVLS")
+    assert nvls.micros == pytest.approx(nvls_pipelined(GIB, 128 * 1024, 128, 376 * 16 / 30, latency=39.0))
+    fewer = NcclModel(replace(sharp.network, cluster=replace(
+        sharp.cluster, scale_out=replace(sharp.cluster.scale_out, nics=4))))
+    assert fewer.nvls_chunk(GIB, Placement(16, 2), "NVLS", 188 * 16 / 30) == 32 * 1024
+    slow = fewer.choose(pb.ALL_REDUCE, GIB, Placement(16, 2), algorithm="NVLS")
+    assert slow.micros == pytest.approx(
+        nvls_pipelined(GIB, 32 * 1024, 128, 188 * 16 / 30, latency=39.0, largest=32 * 1024))
+
+
+def test_nvls_tree_is_timed_by_its_chunks_where_nccls_tuner_corrects_it():
     """hgx-b200 (Intel hosts; Blackwell: NVLS-Tree 96 GB/s per channel on 2 nodes), 16 ranks on 2
-    nodes: NVLS-Tree, 32.5 + 2 x 1 x 20.9 = 74.3 µs at min(845.4, 2 x 8 x 47, 8 x 96) x 16 / 30
-    GB/s, x NCCL's correction of 0.9 for 512 MiB (2^23 x 64 B, the table's last entry); none at
-    1 GiB. NCCL's tuner corrects only there (Blackwell, x86 hosts); Flint also on Grace hosts (cpu
-    other) and on Hopper (8 x 57.7 GB/s)."""
+    nodes, 512 MiB: NVLS-Tree at min(845.4, 2 x 8 x 47, 8 x 96) = 752 x 16 / 30 GB/s, by its chunks
+    (Blackwell: 32 channels x 8 heads of 128 KiB, 16 rounds of 32 MiB) after 62.8 µs, on Intel and
+    Grace hosts alike: 1,554.3 µs. NCCL's tuner corrects its prediction by size there (0.9 at 512
+    MiB, 2^23 x 64 B, the table's last entry) on these Intel hosts from 2.29.2, not on Grace's or
+    before (2.28.9: the same caps on 2 nodes), not on Hopper."""
     model = NcclModel(network_for("hgx-b200", [("data", 2), ("tensor", 8)]))
     shape, bandwidth = Placement(16, 2), 752 * 16 / 30 * 1e3
     half = model.choose(pb.ALL_REDUCE, GIB // 2, shape)
     assert (half.algorithm, half.protocol) == ("NVLS-Tree", "Simple")
-    assert half.micros == pytest.approx(74.3 + GIB / 2 / (0.9 * bandwidth))
-    assert model.choose(pb.ALL_REDUCE, GIB, shape).micros == pytest.approx(74.3 + GIB / bandwidth)
+    expected = nvls_pipelined(GIB // 2, 128 * 1024, 32 * 8, 752 * 16 / 30, latency=62.8)
+    assert expected == pytest.approx(1554.3, abs=0.05)
+    assert half.micros == pytest.approx(expected)
     grace = NcclModel(replace(model.network, cluster=replace(model.cluster, cpu="other")))
-    assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(74.3 + GIB / 2 / (0.9 * bandwidth))
-    hopper = TWO_NODES.choose(pb.ALL_REDUCE, GIB // 2, shape)
-    assert hopper.micros == pytest.approx(74.3 + GIB / 2 / (0.9 * 8 * 57.7 * 16 / 30 * 1e3))
+    assert grace.choose(pb.ALL_REDUCE, GIB // 2, shape).micros == pytest.approx(expected)
     # as NCCL's tuners predict it: corrected on these Intel hosts from 2.29.2, not on Grace's or
     # before (2.28.9: the same caps on 2 nodes), not on Hopper
     predicted = {(name, release): nvls_tree_bandwidth(m, GIB // 2, shape, release)
@@ -395,19 +441,22 @@ def test_a_release_runs_what_its_own_tuner_predicts_fastest():
     - Tree LL128, as Flint times it and every tuner predicts it: 14 + 2(7 x 1.25 + 2 x 8.5) = 65.5
       µs, and min(0.92 x 370.8, 8 channels x 36.0) x 120/128, at most 8 x 29.0 = 232 GB/s, / 2 x
       0.6: 65.5 + 2 MiB / 69.6 GB/s = 95.63 µs.
-    - NVLS-Tree as Flint times it: 32.5 + 4 x 20.9 = 116.1 µs, min(480, 8 x 47, 8 x 45.5) = 364 x
-      32 / 62 x 0.6: 134.7 µs, slower than Tree LL128 by Flint's times too.
+    - NVLS-Tree as Flint times it: 21.0 + 4 x 20.9 = 104.6 µs, min(480, 8 x 47, 8 x 45.5) = 364 x
+      32 / 62 GB/s, by its chunks: 128 of 32 KiB (64 KiB from 4 nodes, halved below one round of
+      8 MiB), one round of 2 MiB 3 deep, 104.6 - 14.4 + 3 (4.8 + 2 MiB / P): 134.5 µs, slower than
+      Tree LL128 by Flint's times too.
     - NCCL 2.26.2's tuner (before 2.28): 25 + 4 x 14 = 81 µs; the NVLS graph's 480 / (2 x 0.85 x
       7/8) = 322.7 GB/s, the NICs' 376 halved beyond 2 nodes, so 188 x 5/6, uncorrected: 81 + 2 MiB
       / 156.7 GB/s = 94.4 µs, below Tree LL128's 95.63: it runs NVLS-Tree, which takes Flint's
-      134.7 µs (NCCL 2.26.2 measured 132.2 on such nodes, nccl-tests issue 309). At 1 MiB its
+      134.5 µs (NCCL 2.26.2 measured 132.2 on such nodes, nccl-tests issue 309). At 1 MiB its
       81 + 6.7 = 87.7 is above Tree LL128's 65.5 + 15.1 = 80.6: Tree.
     - NCCL 2.30.7's tuner (a file's that names none): 25 + 4 x 20.9 = 108.6 µs + 2 MiB / (364 x 32 /
       62) = 119.8: Tree."""
     size, shape = 2 * MIB, Placement(32, 4)
     tree = 65.5 + size / (232 / 2 * 0.6 * 1e3)
     assert tree == pytest.approx(95.63, abs=0.01)
-    nvls_tree = 116.1 + size / (364 * 32 / 62 * 0.6 * 1e3)
+    nvls_tree = nvls_pipelined(size, 32 * 1024, 128, 364 * 32 / 62, latency=104.6, largest=64 * 1024)
+    assert nvls_tree == pytest.approx(134.5, abs=0.05) and nvls_tree > tree
     tuner_2_26 = 81 + size / (min(480 / (2 * 0.85 * 7 / 8), 8 * 47 / 2) * 5 / 6 * 1e3)
     assert tuner_2_26 == pytest.approx(94.4, abs=0.05) and tuner_2_26 < tree
     assert 108.6 + size / (364 * 32 / 62 * 1e3) > tree
@@ -422,14 +471,15 @@ def test_a_release_runs_what_its_own_tuner_predicts_fastest():
 
 def test_simulate_times_what_the_network_files_release_runs(tmp_path):
     """The hgx file naming NCCL 2.26.2: flint simulate of one 2 MiB all-reduce over 32 ranks (4
-    nodes) takes NVLS-Tree's 134.7 µs (above), and says whose tuner picked; hgx itself, naming
+    nodes) takes NVLS-Tree's 134.5 µs (above), and says whose tuner picked; hgx itself, naming
     none, 2.30.7's pick: Tree LL128's 95.63."""
     traces = one_collective(tmp_path / "one", [list(range(32))], pb.ALL_REDUCE, 2 * MIB)
     path = tmp_path / "hgx-2.26.toml"
     path.write_text((NETWORKS / "hgx.toml").read_text().replace('cpu = "intel"', 'cpu = "intel"\nnccl = "2.26.2"'))
     older = json.loads(flint("simulate", traces, "--network", str(path), "--json", "-o", tmp_path / "a").stdout)
     assert older["network"]["nccl"] == "2.26.2"
-    assert older["step_us"] == pytest.approx(116.1 + 2 * MIB / (364 * 32 / 62 * 0.6 * 1e3))
+    assert older["step_us"] == pytest.approx(
+        nvls_pipelined(2 * MIB, 32 * 1024, 128, 364 * 32 / 62, latency=104.6, largest=64 * 1024))
     newest = json.loads(flint("simulate", traces, "--json", "-o", tmp_path / "b").stdout)
     assert newest["network"]["nccl"] == "2.30.7"
     assert newest["step_us"] == pytest.approx(65.5 + 2 * MIB / (232 / 2 * 0.6 * 1e3))
@@ -543,15 +593,16 @@ def test_before_2_19_nvls_tree_took_its_own_ratio_and_latency():
     speed beyond 2 nodes, 8 NICs' 376 GB/s (not halved), x 0.7 x 4 / (2 x 3) = 175.5 GB/s; its
     latency 23 + 2 x 3 x 19 = 137 µs, without the network's latency. 64 MiB: Tree Simple 0 + 2 (7 x 4
     + 2 x 14) = 112 µs at min(0.92 x 370.8, 8 x 36.0) / 2 x 0.8 (the correction at 2^20) = 115.2
-    GB/s, 694.5 µs; NVLS-Tree 137 + 382.5 = 519.5: NVLS-Tree, which Flint times at 32.5 + 4 x 20.9
-    + 64 MiB / (364 x 32/62 x 0.8)."""
+    GB/s, 694.5 µs; NVLS-Tree 137 + 382.5 = 519.5: NVLS-Tree, which Flint times by its chunks, 8
+    rounds of 128 x 64 KiB after 21.0 + 4 x 20.9 µs."""
     size, shape = 64 * MIB, Placement(32, 4)
     model = four_nodes("2.18.5")
     found = {(a, p): (lat, bw) for a, p, lat, bw in model.candidates(pb.ALL_REDUCE, size, shape, release_tuner("2.18.5"))}
     assert found["NVLS-Tree", "Simple"] == pytest.approx((137.0, 376 * 0.7 * 4 / 6))
     assert found["Tree", "Simple"] == pytest.approx((112.0, 288 / 2 * 0.8))
     choice = model.choose(pb.ALL_REDUCE, size, shape)
-    assert (choice.algorithm, choice.micros) == ("NVLS-Tree", pytest.approx(32.5 + 4 * 20.9 + size / (364 * 32 / 62 * 0.8 * 1e3)))
+    assert (choice.algorithm, choice.micros) == ("NVLS-Tree", pytest.approx(
+        nvls_pipelined(size, 64 * 1024, 128, 364 * 32 / 62, latency=21.0 + 4 * 20.9, largest=64 * 1024)))
 
 
 def test_no_release_runs_nvls_before_hopper():

@@ -11,8 +11,8 @@ an all-gather's output, a reduce-scatter's input):
     time = latency(algorithm, protocol) + nBytes / (algorithm bandwidth x launched / channels)
 
 NCCL chooses by that time with every channel launched; its runtime then launches fewer for a small
-Ring or Tree collective (see `_launched_share`), which the time counts. NVLS in one node is timed
-by its chunks (below, "NVLS's chunks").
+Ring or Tree collective (see `_launched_share`), which the time counts. NVLS and NVLS-Tree are
+timed by their chunks (below, "NVLS's chunks").
 
 **Which runs.** What NCCL's tuner predicts fastest, whether or not it is: the tuner of the release
 the network file names (`nccl`, 2.18.1 to 2.30.7), else of the newest (`NetworkFile.release`)
@@ -36,41 +36,43 @@ node, so 16 of NVL72's 72). Then, per algorithm and protocol (tuning.cc's "model
 | Tree (all-reduce, > 1 node)           | min(0.92 B, channels x tree per channel), then  | bus / 2, x NCCL's tree |
 |                                       | LL: min(x / 3.8, llMax); LL128: min(x 120/128,  | correction by size     |
 |                                       | channels x treeLL128 per channel)               | below 512 MB           |
-| NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps; in 1  |
-|                                       |                                                 | node by its chunks,    |
-|                                       |                                                 | else x the correction  |
-|                                       |                                                 | below 1 GB             |
+| NVLS (all-reduce; 1 node, or SHARP)   | min(nvls_bus_gbps[ppn], B between nodes)        | bus x N / steps, by    |
+|                                       |                                                 | its chunks             |
 | NVLS (all-gather, reduce-scatter;     | nvls_bus_gbps[ppn]                              | bus x (ppn-1) / 2 ppn, |
 | 1 node)                               |                                                 | by its chunks          |
-| NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps, x the |
-|                                       | channels x NVLS-tree per channel)               | correction below 1 GB  |
+| NVLS-Tree (all-reduce, > 1 node)      | min(nvls_bus_gbps[ppn], NICs (x2 on 2 nodes),   | bus x N / steps, by    |
+|                                       | channels x NVLS-tree per channel)               | its chunks             |
 | CollNet Direct (all-reduce, SHARP)    | 0.85 B                                          | bus / 2                |
 | PAT (all-gather, reduce-scatter,      | 0.75 B                                          | bus                    |
 | one GPU per node)                     |                                                 |                        |
 
 The correction is NCCL's tree correction by size (Simple's row), which NCCL's tuner applies to
-NVLS-Tree only on Blackwell with x86 hosts. Flint applies it to NVLS-Tree everywhere and to NVLS
-across nodes, because measured runs on Hopper ramp up as it does: after NCCL's own latency (20.9
-µs a step between nodes) the five runs on 2, 4 and 8 nodes of nccl-tests issue 309 (NVLS-Tree)
-reach 0.58 to 0.68 of their own peaks at 32 MB, 0.66 to 0.79 at 64 MB, 0.78 to 0.86 at 128 MB,
-0.76 to 0.89 at 256 MB. A fixed latency cannot give both ends.
+NVLS-Tree only on Blackwell with x86 hosts; Flint's times give NVLS-Tree its ramp by its chunks.
 
-**NVLS's chunks** (in one node; `_nvls_pipeline`). NCCL's kernel moves NVLS in rounds: each of its
-channels (16 on Hopper, 24 on Blackwell: transport/nvls.cc) has a head per GPU, and channels x
-heads chunks move at once (128 on 8x H100). The chunk is 128 KiB, halved as the bytes shrink
-(enqueue.cc calcCollChunking: on 8x H100 64 KiB below 1 GiB, 32 KiB below 64 MiB, 16 KiB below 8
-MiB), and each chunk passes through the kernel's warp groups in turn (an all-reduce's scatter,
-reduce and broadcast, gather: 3 stages; an all-gather's or reduce-scatter's 2). So R rounds of W
-bytes take
+**NVLS's chunks** (`_nvls_pipeline`). NCCL's kernel moves NVLS in rounds: each of its channels (in
+one node 16 on Hopper, 24 on Blackwell: transport/nvls.cc) has a head per GPU, and channels x heads
+chunks move at once (128 on 8x H100). The chunk is 128 KiB, halved as the bytes shrink (enqueue.cc
+calcCollChunking: on 8x H100 64 KiB below 1 GiB, 32 KiB below 64 MiB, 16 KiB below 8 MiB), and
+each chunk passes through the kernel's warp groups in turn (an all-reduce's scatter, reduce and
+broadcast, gather: 3 stages; an all-gather's or reduce-scatter's 2). So R rounds of W bytes take
 
     time = nvls_latency_us - 3 step + (R + stages - 1) x (step + W / P),   R = nBytes / W >= 1
 
 (one round of fewer bytes: stages x (step + nBytes / P)), with the node's `nvls_step_us` as step
-and P the algorithm bandwidth at which rounds of 128 KiB chunks reach the table's (from
-`nvls_bus_gbps`, which the largest sizes measure): 1 / P = 1 / table - step / W(128 KiB). An
+and P the algorithm bandwidth at which rounds of the largest chunks reach the table's (from
+`nvls_bus_gbps`, which the largest sizes measure): 1 / P = 1 / table - step / W(largest). An
 all-reduce of no bytes takes `nvls_latency_us`. Fitted to NVIDIA's 8x H100 sample (21.0 µs, 4.8 µs
 a round), this gives its 2 MiB to 16 GiB within 0.98 to 1.04 (8 MiB: 1.00, where the tree
 correction gave 0.86). NCCL's tuner has no such term: it predicts NVLS by its latency and bandwidth.
+
+Across nodes the chunks move through each node alike, after the network's hops (below), at
+NVLS-Tree's bandwidth: 16 channels on Hopper, 32 on Blackwell; the chunk at most 128 KiB, 64 KiB
+from 4 nodes, halved below 4 rounds and again below one (enqueue.cc); 3 stages, as the tree's root
+runs them (its kernel reduces what its children send and broadcasts in one warp group, as one node
+does; the other nodes split that group in two around the network). NVLS with SHARP across nodes
+takes NVLS's chunks, at most 32 KiB where its algorithm bandwidth is below 150 GB/s. On the
+XE9680, gj-aion and Nebius runs of two 8x H100 nodes this gives 0.95 to 1.02 of the measured time
+from 32 MB (the tree correction by size, which Flint borrowed before, 0.86 to 1.06).
 
 steps = 2(N-1) for an all-reduce, N-1 for an all-gather or reduce-scatter, N for a broadcast:
 so nccl-tests' bus bandwidth of a ring is B. f is NCCL's 0.92, or on one node the network's
@@ -88,8 +90,8 @@ latencyInter, twice latencyInter for Simple, and the Tree's hwLat with one GPU p
   broadcast pays one hop; a Simple all-reduce across nodes of at least 64 B per channel and rank
   pays its latency 1.4 times (the ring's plateau).
 - Tree: base + 2((ppn-1) intra + log2(nodes) inter).
-- NVLS: in one node by its chunks (above); across nodes the node's `nvls_multinode_latency_us` (else
-  `nvls_latency_us`) + inter; NVLS-Tree: that + 2 log2(nodes) inter.
+- NVLS: the node's `nvls_latency_us`, and its chunks (above); across nodes (SHARP) + inter;
+  NVLS-Tree: + 2 log2(nodes) inter.
 - CollNet Direct: base + 2(min(1, ppn-1) intra + 0.4 (ppn-1)) + inter.
 - PAT: base + log2(nodes) inter / 3.5 + 2.8 N.
 
@@ -154,7 +156,7 @@ class Tuner:
     where each setting is explained): its tables and the formulas that changed between releases.
     NCCL runs what this predicts fastest, whether or not it is. Flint's own times take the newest
     release's (`NEWEST`) except where it fitted its own to measured runs (NVLS's latency, a Simple
-    ring's step inside a node, LL128's share of a ring) and NVLS's chunks and size correction."""
+    ring's step inside a node, LL128's share of a ring) and NVLS's chunks."""
 
     release: str
     architecture: dict
@@ -316,37 +318,40 @@ class NcclModel:
                 bus = self._bus(algorithm, protocol, comm_type, shape, tuner)
                 bandwidth = self._algorithm_bandwidth(bus, algorithm, protocol, comm_type, total, shape, tuner)
                 latency = self._latency(algorithm, protocol, comm_type, total, shape, tuner)
-                if _chunked(algorithm, shape, tuner) and bandwidth > 0:
-                    latency, bandwidth = self._nvls_pipeline(comm_type, latency, bandwidth, total, shape)
+                if _chunked(algorithm, tuner) and bandwidth > 0:
+                    latency, bandwidth = self._nvls_pipeline(algorithm, comm_type, latency, bandwidth, total, shape)
                 found.append((algorithm, protocol, latency, bandwidth))
         return found
 
-    def _nvls_pipeline(self, comm_type: int, latency: float, bandwidth: float, total: int,
+    def _nvls_pipeline(self, algorithm: str, comm_type: int, latency: float, bandwidth: float, total: int,
                        shape: Placement) -> tuple[float, float]:
-        """NVLS in one node as its kernel moves `total` bytes (Flint's times; `nvls_chunks` in
-        nccl.toml): in rounds of channels x heads chunks (on 8x H100 16 x 8 = 128 at once), each
-        round costing the node's `nvls_step_us` plus its bytes at the pipeline's bandwidth and
-        passing through the kernel's stages in turn (3 for an all-reduce), so that R rounds take
-        R + stages - 1 rounds' time; one round of less than whole chunks takes `stages` of its
-        own. NCCL halves the chunk as the bytes shrink (16 KB below 8 MiB on 8x H100), which is
-        the ramp measured runs show between a latency and the bandwidth, and which NCCL's tuner
-        does not model. `latency` (the node's `nvls_latency_us`) is an all-reduce's time for no
-        bytes; the pipeline's bandwidth is what makes rounds of the largest chunks reach
-        `bandwidth` (from the node's `nvls_bus_gbps`, which the largest sizes measure). Returned as
-        the (latency, bandwidth) that give that time for these bytes."""
-        node, chunks = self.cluster.node, NCCL["nvls_chunks"]
-        ops, chunk, largest = self._nvls_ops(shape), self.nvls_chunk(total, shape), NVLS_LARGEST_CHUNK
-        step, stages = node.nvls_step_us, chunks["stages"][_STAGES[comm_type]]
+        """NVLS or NVLS-Tree as its kernel moves `total` bytes through each node (Flint's times;
+        `nvls_chunks` and `nvls_tree_chunks` in nccl.toml): in rounds of channels x heads chunks
+        (on 8x H100 16 x 8 = 128 at once), each round costing the node's `nvls_step_us` plus its
+        bytes at the pipeline's bandwidth and passing through the kernel's stages in turn (3 for
+        an all-reduce), so that R rounds take R + stages - 1 rounds' time; one round of less than
+        whole chunks takes `stages` of its own. NCCL halves the chunk as the bytes shrink (16 KB
+        below 8 MiB on one 8x H100 node), which is the ramp measured runs show between a latency
+        and the bandwidth, and which NCCL's tuner does not model. `latency` is the node's
+        `nvls_latency_us` (an all-reduce's time for no bytes in one node) and across nodes the
+        network's hops; the pipeline's bandwidth is what makes rounds of the largest chunks reach
+        `bandwidth` (NVLS's from the node's `nvls_bus_gbps`, which the largest sizes measure;
+        NVLS-Tree's bounded by the NICs too). Returned as the (latency, bandwidth) that give that
+        time for these bytes."""
+        stages = NCCL["nvls_chunks"]["stages"]
+        step, depth = self.cluster.node.nvls_step_us, stages[_STAGES[comm_type]]
+        ops, largest = self._nvls_ops(algorithm, shape), self._largest_chunk(algorithm, shape, bandwidth)
+        chunk = self.nvls_chunk(total, shape, algorithm, bandwidth)
         per_byte = 1 / (bandwidth * 1e3) - step / (ops * largest)  # µs a byte at the pipeline's bandwidth
         if per_byte <= 0:
             raise FlintError(f"network {self.cluster.name}: NVLS's step ({step:g} µs, node.nvls_step_us) outlasts a "
                              f"round of its largest chunks at node.nvls_bus_gbps ({ops * largest / (bandwidth * 1e3):.1f}"
                              f" µs on {math.ceil(shape.ppn)} GPUs): give a shorter step or a higher bandwidth")
-        start = latency - chunks["stages"]["all_reduce"] * step
+        start = latency - stages["all_reduce"] * step
         whole = ops * chunk
         if total < whole:
-            return start + stages * step, 1 / (stages * per_byte * 1e3)
-        return start + (stages - 1) * (step + whole * per_byte), 1 / ((step / whole + per_byte) * 1e3)
+            return start + depth * step, 1 / (depth * per_byte * 1e3)
+        return start + (depth - 1) * (step + whole * per_byte), 1 / ((step / whole + per_byte) * 1e3)
 
     def _launched_share(self, algorithm: str, protocol: str, total: int, shape: Placement) -> float:
         """The share of its channels NCCL's runtime launches a Ring or Tree collective of `total`
@@ -556,32 +561,41 @@ class NcclModel:
             bandwidth = bus
         else:
             bandwidth = bus * 0.5
-        if self._corrected(algorithm, shape, tuner):
+        if self._corrected(algorithm, tuner):
             log_size = int(math.log2(total >> 6)) if total >= 64 else -1
             entries = 23 if algorithm == "Tree" else 24  # NCCL's: below 512 MB, below 1 GB
             if 0 <= log_size < entries:
                 bandwidth *= NCCL["tree_correction"][protocol.lower()][log_size]
         return bandwidth
 
-    def _nvls_ops(self, shape: Placement) -> int:
-        """The chunks NVLS moves at once in one node: its channels x heads (one per GPU)."""
-        return NCCL["nvls_chunks"]["channels"][self.cluster.architecture] * self._nvls_channels(shape)
+    def _nvls_ops(self, algorithm: str, shape: Placement) -> int:
+        """The chunks NVLS or NVLS-Tree moves at once in a node: its channels x heads (one per GPU)."""
+        return _chunk_rules(algorithm)["channels"][self.cluster.architecture] * self._nvls_channels(shape)
 
-    def nvls_chunk(self, total: int, shape: Placement) -> int:
-        """The chunk NCCL's runtime cuts NVLS of `total` bytes in one node into (enqueue.cc
-        calcCollChunking): its largest, halved below so many rounds of it."""
-        ops, chunk = self._nvls_ops(shape), NVLS_LARGEST_CHUNK
-        for rounds, smaller in NCCL["nvls_chunks"]["halving"]:
+    def _largest_chunk(self, algorithm: str, shape: Placement, bandwidth: float) -> int:
+        """The chunk NCCL cuts NVLS or NVLS-Tree into at the largest sizes: NVLS-Tree's from 4
+        nodes, NVLS's across nodes where its algorithm `bandwidth` is low, are smaller."""
+        rules = _chunk_rules(algorithm)
+        if algorithm == "NVLS-Tree":
+            return rules["largest_from_4_nodes"] if shape.nodes >= 4 else rules["largest_bytes"]
+        slow, capped = rules["across_nodes_slow"]
+        return capped if shape.nodes > 1 and bandwidth < slow else rules["largest_bytes"]
+
+    def nvls_chunk(self, total: int, shape: Placement, algorithm: str = "NVLS", bandwidth: float = math.inf) -> int:
+        """The chunk NCCL's runtime cuts NVLS or NVLS-Tree of `total` bytes into (enqueue.cc
+        calcCollChunking): its largest, halved below so many rounds of it. `bandwidth`: the
+        algorithm's (GB/s), which only NVLS across nodes depends on."""
+        ops, chunk = self._nvls_ops(algorithm, shape), self._largest_chunk(algorithm, shape, bandwidth)
+        for rounds, smaller in _chunk_rules(algorithm)["halving"]:
             if total < rounds * ops * chunk and chunk > smaller:
                 chunk = smaller
         return chunk
 
-    def _corrected(self, algorithm: str, shape: Placement, tuner: Tuner | None) -> bool:
-        """Whether the tree correction by size applies: to Tree; in Flint's times to NVLS and
-        NVLS-Tree too, except where NVLS's chunks give the ramp (`_chunked`); in NCCL's tuner to
-        NVLS-Tree on Blackwell with x86 hosts, from 2.29.2."""
-        if algorithm == "Tree" or (tuner is None and algorithm in ("NVLS", "NVLS-Tree")
-                                   and not _chunked(algorithm, shape, tuner)):
+    def _corrected(self, algorithm: str, tuner: Tuner | None) -> bool:
+        """Whether the tree correction by size applies: to Tree; in NCCL's tuner to NVLS-Tree on
+        Blackwell with x86 hosts, from 2.29.2 (Flint's times give NVLS-Tree its ramp by its
+        chunks, `_chunked`)."""
+        if algorithm == "Tree":
             return True
         return (tuner is not None and algorithm == "NVLS-Tree" and tuner.nvls_tree_corrected
                 and self.cluster.architecture == "blackwell" and self.cluster.cpu in X86)
@@ -622,21 +636,12 @@ class NcclModel:
             if tuner is not None and tuner.nvls_before_2_19:  # the network's hop alone, without its latency
                 hops_between = 1 if algorithm == "NVLS" else 2 * (nodes - 1)
                 return base + (hops["net"][key][p] * hops_between if nodes > 1 else 0.0)
-            # Flint's fitted latency (NVLS's chunks add to it in one node); NCCL's tuner its base and NVLink hop
-            start = base + intra if tuner is not None else self._nvls_start(nodes)
+            # Flint's fitted latency in the node (NVLS's chunks add to it); NCCL's tuner its base and NVLink hop
+            start = base + intra if tuner is not None else self.cluster.node.nvls_latency_us
             return start + (inter if nodes > 1 else 0.0) if algorithm == "NVLS" else start + 2 * log_nodes * inter
         if algorithm == "CollNet":
             return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * rules.collnet_arity_us) + inter
         return base + log_nodes * inter / 3.5 + n * 2.8  # PAT
-
-    def _nvls_start(self, nodes: int) -> float:
-        """NVLS's latency in the node in Flint's times: in one node the node's `nvls_latency_us` (an
-        all-reduce's time for no bytes; `_nvls_pipeline` adds its chunks' time); across nodes
-        (NVLS-Tree, NVLS with SHARP) the node's `nvls_multinode_latency_us`, else that."""
-        node = self.cluster.node
-        if nodes > 1 and node.nvls_multinode_latency_us is not None:
-            return node.nvls_multinode_latency_us
-        return node.nvls_latency_us
 
     def _inter(self, key: str, p: int, shape: Placement, rules: Tuner = NEWEST) -> float:
         """One step between nodes: NCCL's network hop for the algorithm as `rules`' release has it
@@ -667,10 +672,15 @@ class NcclModel:
         return self._p2p_latency(shape.nodes > 1) + max(inside, outside)
 
 
-def _chunked(algorithm: str, shape: Placement, tuner: Tuner | None) -> bool:
-    """Whether Flint times this by NVLS's chunks (`NcclModel._nvls_pipeline`): NVLS in one node, in
-    Flint's own times (NCCL's tuner has no such term)."""
-    return tuner is None and algorithm == "NVLS" and shape.nodes == 1
+def _chunked(algorithm: str, tuner: Tuner | None) -> bool:
+    """Whether Flint times this by NVLS's chunks (`NcclModel._nvls_pipeline`): NVLS and NVLS-Tree,
+    in Flint's own times (NCCL's tuner has no such term)."""
+    return tuner is None and algorithm in ("NVLS", "NVLS-Tree")
+
+
+def _chunk_rules(algorithm: str) -> dict:
+    """How NCCL's runtime cuts NVLS or NVLS-Tree into chunks (nccl.toml)."""
+    return NCCL["nvls_tree_chunks" if algorithm == "NVLS-Tree" else "nvls_chunks"]
 
 
 _STAGES = {pb.ALL_REDUCE: "all_reduce", pb.ALL_GATHER: "all_gather", pb.REDUCE_SCATTER: "reduce_scatter"}

@@ -8,9 +8,8 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
   the all-reduce bus bandwidth by GPUs in the node (`nvls_bus_gbps`, 1, 2, ... GPUs; the last entry
   holds for more: what the largest sizes reach), NVLS's latency (an all-reduce's time for no bytes)
   and what each round of its chunks costs besides its bytes (`nvls_latency_us`, `nvls_step_us`;
-  `flint.step.nccl`), and where it runs across nodes its latency in the node there
-  (`nvls_multinode_latency_us`; absent: `nvls_latency_us`); where a node's rings run slower than NCCL's tuner
-  constants say, one step of a Simple ring within the node (`ring_simple_hop_us`; absent: NCCL's
+  `flint.step.nccl`; NVLS-Tree across nodes moves through each node alike); where a node's rings
+  run slower than NCCL's tuner constants say, one step of a Simple ring within the node (`ring_simple_hop_us`; absent: NCCL's
   hardware latency for the link) and the share of the ring's bus bandwidth LL128 reaches there
   (`ll128_bus_fraction`; absent: NCCL's 0.92), both fitted by `flint calibrate --network` to runs
   on one node and applied to rings of one node;
@@ -66,7 +65,6 @@ class NodeTier:
     nvls_bus_gbps: tuple[float, ...] = ()
     nvls_latency_us: float = 0.0
     nvls_step_us: float = 0.0
-    nvls_multinode_latency_us: float | None = None
     ring_simple_hop_us: float | None = None
     ll128_bus_fraction: float | None = None
     astra_sim_gbps: float = 400.0
@@ -178,7 +176,6 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
             nvls_latency_us=number_field(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
             nvls_step_us=number_field(node, "nvls_step_us", default=NodeTier.nvls_step_us),
-            nvls_multinode_latency_us=optional_field(number_field, node, "nvls_multinode_latency_us"),
             ring_simple_hop_us=optional_field(number_field, node, "ring_simple_hop_us"),
             ll128_bus_fraction=optional_field(fraction_field, node, "ll128_bus_fraction"),
             astra_sim_gbps=number_field(node, "astra_sim_gbps", positive=True, default=NodeTier.astra_sim_gbps),
@@ -231,8 +228,6 @@ def network_toml(network: NetworkFile, header: str) -> str:
     if node.nvls:
         lines += [f"nvls_bus_gbps = [{', '.join(f'{v:g}' for v in node.nvls_bus_gbps)}]",
                   f"nvls_latency_us = {node.nvls_latency_us:g}", f"nvls_step_us = {node.nvls_step_us:g}"]
-        if node.nvls_multinode_latency_us is not None:
-            lines.append(f"nvls_multinode_latency_us = {node.nvls_multinode_latency_us:g}")
     if node.ring_simple_hop_us is not None:
         lines.append(f"ring_simple_hop_us = {node.ring_simple_hop_us:g}")
     if node.ll128_bus_fraction is not None:
