@@ -9,10 +9,10 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
   holds for more: what the largest sizes reach), NVLS's latency (an all-reduce's time for no bytes)
   and what each round of its chunks costs besides its bytes (`nvls_latency_us`, `nvls_step_us`;
   `flint.step.nccl`; NVLS-Tree across nodes moves through each node alike); where a node's rings
-  run slower than NCCL's tuner constants say, one step of a Simple ring within the node (`ring_simple_hop_us`; absent: NCCL's
-  hardware latency for the link) and the share of the ring's bus bandwidth LL128 reaches there
-  (`ll128_bus_fraction`; absent: NCCL's 0.92), both fitted by `flint calibrate --network` to runs
-  on one node and applied to rings of one node;
+  run slower than NCCL's tuner constants say, one step of a Simple ring within the node
+  (`ring_simple_hop_us`; absent: NCCL's hardware latency for the link) and the share of the ring's
+  bus bandwidth LL128 reaches there (`ll128_bus_fraction`; absent: NCCL's 0.92), both fitted by
+  `flint calibrate --network` to runs on one node and applied to rings of one node;
 - `[scale_out]` (absent: one node): `nics` per node at `nic_gbps` each, the `channels` NCCL's graph
   search finds between nodes for a whole node's GPUs (absent: one per NIC, at most the node's
   `channels`; NCCL's per-channel caps multiply it), a network latency (`latency_us`, NCCL's
