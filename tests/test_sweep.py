@@ -155,6 +155,22 @@ def test_finalists_without_astra_sim_are_refused_before_any_point(tmp_path):
     assert not out.exists()
 
 
+def test_a_plot_may_go_in_a_directory_the_sweep_makes(tmp_path):
+    """-o DIR is made with its parents, so --plot may name a file in DIR or above it before either
+    exists (as the --help example does: -o sweeps/gpt64 --plot sweeps/gpt64.png); a directory
+    elsewhere that does not exist is refused before any point, and nothing is made. Before, any
+    --plot in a directory that did not exist yet was refused."""
+    pytest.importorskip("matplotlib")
+    spec, made = write_mlp_spec(tmp_path), tmp_path / "sweeps"
+    refused = flint("sweep", spec, "-o", made / "mlp", "--plot", tmp_path / "plots" / "mlp.png")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "directory" in refused.stderr and "does not exist and is not" in refused.stderr
+    assert not made.exists() and not (tmp_path / "plots").exists()
+    run = flint("sweep", spec, "-o", made / "mlp", "--plot", made / "mlp.png")
+    assert run.returncode == 0, run.stderr
+    assert (made / "mlp.png").read_bytes().startswith(b"\x89PNG") and (made / "mlp" / "results.csv").is_file()
+
+
 def write_mlp_spec(tmp_path: Path) -> Path:
     spec = tmp_path / "mlp.toml"
     spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\n'

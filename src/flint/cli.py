@@ -443,14 +443,15 @@ class OutputFile(click.Path):
         return path
 
 
-def _plot_option(help_text: str):
-    """--plot FILE: a figure, refused before any work unless matplotlib writes its format."""
+def _plot_option(help_text: str, kind: click.ParamType | None = None):
+    """--plot FILE: a figure, refused before any work unless matplotlib writes its format; `kind`:
+    its type, by default a file in a directory that exists (OutputFile)."""
     def check(ctx, param, value: Path | None) -> Path | None:
         if value is not None and value.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise click.BadParameter(f"{str(value)!r} is not a .png, .svg or .pdf file")
         return value
 
-    return click.option("--plot", type=OutputFile(), callback=check,
+    return click.option("--plot", type=kind or OutputFile(), callback=check,
                         help=help_text)
 
 
@@ -820,6 +821,15 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
         stdout.print(simulation_view(result))
 
 
+def _check_plot_directory(plot: Path, output: Path) -> None:
+    """Refuse, before any point runs, a --plot whose directory neither exists nor is one the sweep
+    makes: -o DIR is made with its parents, so the plot may go in DIR or any directory above it."""
+    directory, made = plot.absolute().parent, output.absolute()
+    if not directory.is_dir() and directory not in (made, *made.parents):
+        raise click.BadParameter(f"directory {str(plot.parent)!r} of {str(plot)!r} does not exist and is not "
+                                 f"{str(output)!r} or above it: create it first", param_hint="'--plot'")
+
+
 @main.command()
 @click.argument("spec", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False), required=True, metavar="DIR",
@@ -840,7 +850,8 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
 @click.option("--finalists", type=click.IntRange(min=1), metavar="K",
               help="Rank every point by Flint's estimator, then run ASTRA-sim on the best K only; the "
                    "ranking shows both steps.")
-@_plot_option("Draw step time against memory per rank with the Pareto front (PNG, SVG, PDF; matplotlib).")
+@_plot_option("Draw step time against memory per rank with the Pareto front (PNG, SVG, PDF; matplotlib), in "
+              "a directory that exists or that DIR makes.", click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print every point's record as JSON, in grid order.")
 def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator, top, finalists, plot, as_json):
     """Explore layouts: extract and simulate a grid of points.
@@ -859,6 +870,8 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
     from flint.exploration import SweepRequest, run_sweep
     from flint.exploration.view import sweep_view
 
+    if plot is not None:
+        _check_plot_directory(plot, output)
     request = SweepRequest(spec=spec, output=output, jobs=jobs, ray=ray_address, retry_failed=retry_failed,
                            keep_traces=keep_traces, simulator=simulator, finalists=finalists)
     stopped = signal.SIGINT
