@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 from conftest import EXAMPLES, MODELS, flint
@@ -201,6 +202,20 @@ def test_usage_errors_are_one_line(args, words):
     assert run.returncode == 2
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert all(word in run.stderr for word in words), run.stderr
+
+
+@pytest.mark.parametrize("command", [("sweep", "examples/sweep-mlp.toml", "-o"), ("timeline", "examples", "-o")],
+                         ids=["sweep", "timeline"])
+def test_a_plot_without_matplotlib_is_refused_before_any_work(tmp_path, command):
+    """Where matplotlib cannot be imported, --plot is refused in one line before anything runs or
+    is written; before, a sweep ran every point and then failed at the plot."""
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "shim" / "matplotlib.py").write_text('raise ImportError("not installed")\n')
+    out = tmp_path / "out"
+    run = flint(*command, out, "--plot", tmp_path / "front.png", env={**os.environ, "PYTHONPATH": str(tmp_path / "shim")})
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "--plot needs matplotlib: pip install 'flint-traces[plot]'" in run.stderr
+    assert not out.exists() and not (tmp_path / "front.png").exists()
 
 
 @pytest.mark.parametrize("text, parsed", [

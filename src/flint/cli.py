@@ -444,11 +444,18 @@ class OutputFile(click.Path):
 
 
 def _plot_option(help_text: str, kind: click.ParamType | None = None):
-    """--plot FILE: a figure, refused before any work unless matplotlib writes its format; `kind`:
-    its type, by default a file in a directory that exists (OutputFile)."""
+    """--plot FILE: a figure, refused before any work unless matplotlib is there and writes its
+    format (a sweep would otherwise run every point first); `kind`: its type, by default a file in
+    a directory that exists (OutputFile)."""
     def check(ctx, param, value: Path | None) -> Path | None:
-        if value is not None and value.suffix.lower() not in (".png", ".svg", ".pdf"):
+        if value is None:
+            return value
+        if value.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise click.BadParameter(f"{str(value)!r} is not a .png, .svg or .pdf file")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib: pip install 'flint-traces[plot]'", ctx) from None
         return value
 
     return click.option("--plot", type=kind or OutputFile(), callback=check,
