@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, replace
 from flint.analysis.nccl_tests import NcclTestsRun
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
-from flint.step.nccl import NVLS_LARGEST_CHUNK, Choice, NcclModel, Placement, forced_name
+from flint.step.nccl import Choice, NcclModel, Placement, forced_name
 from flint.step.network import Dimension, Network
 from flint.step.network_files import NetworkFile, nccl_release, nccl_releases
 
@@ -196,7 +196,8 @@ def _shows_nvls_step(network: NetworkFile, one: PlacedRun) -> bool:
     is (`flint.step.nccl`), and a run without such sizes fixes the latency less the steps alone."""
     model, placement = _model(network, one.placement), one.placement
     return placement.nodes == 1 and any(
-        one.choice(network, row.size).algorithm == "NVLS" and model.nvls_chunk(row.size, placement) < NVLS_LARGEST_CHUNK
+        one.choice(network, row.size).algorithm == "NVLS"
+        and model.nvls_chunk(row.size, placement) < model.largest_nvls_chunk(placement)
         for row in one.run.rows)
 
 

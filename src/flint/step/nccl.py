@@ -141,8 +141,6 @@ each rank sending to the next)."""
 
 NCCL = nccl_constants()
 """NCCL's tuner constants (`networks/nccl.toml`)."""
-NVLS_LARGEST_CHUNK = NCCL["nvls_chunks"]["largest_bytes"]
-"""The chunk NCCL cuts NVLS into at the largest sizes (NCCL_NVLS_CHUNKSIZE's default)."""
 NVLS_RATIO_BEFORE_2_28 = 5 / 6
 """NVLS's and NVLS-Tree's algorithm bandwidth per bus bandwidth in NCCL's tuner before 2.28
 (tuning.cc: ratio *= 5.0/6.0)."""
@@ -340,7 +338,7 @@ class NcclModel:
         time for these bytes."""
         stages = NCCL["nvls_chunks"]["stages"]
         step, depth = self.cluster.node.nvls_step_us, stages[_STAGES[comm_type]]
-        ops, largest = self._nvls_ops(algorithm, shape), self._largest_chunk(algorithm, shape, bandwidth)
+        ops, largest = self._nvls_ops(algorithm, shape), self.largest_nvls_chunk(shape, algorithm, bandwidth)
         chunk = self.nvls_chunk(total, shape, algorithm, bandwidth)
         per_byte = 1 / (bandwidth * 1e3) - step / (ops * largest)  # µs a byte at the pipeline's bandwidth
         if per_byte <= 0:
@@ -572,7 +570,7 @@ class NcclModel:
         """The chunks NVLS or NVLS-Tree moves at once in a node: its channels x heads (one per GPU)."""
         return _chunk_rules(algorithm)["channels"][self.cluster.architecture] * self._nvls_channels(shape)
 
-    def _largest_chunk(self, algorithm: str, shape: Placement, bandwidth: float) -> int:
+    def largest_nvls_chunk(self, shape: Placement, algorithm: str = "NVLS", bandwidth: float = math.inf) -> int:
         """The chunk NCCL cuts NVLS or NVLS-Tree into at the largest sizes: NVLS-Tree's from 4
         nodes, NVLS's across nodes where its algorithm `bandwidth` is low, are smaller."""
         rules = _chunk_rules(algorithm)
@@ -585,7 +583,7 @@ class NcclModel:
         """The chunk NCCL's runtime cuts NVLS or NVLS-Tree of `total` bytes into (enqueue.cc
         calcCollChunking): its largest, halved below so many rounds of it. `bandwidth`: the
         algorithm's (GB/s), which only NVLS across nodes depends on."""
-        ops, chunk = self._nvls_ops(algorithm, shape), self._largest_chunk(algorithm, shape, bandwidth)
+        ops, chunk = self._nvls_ops(algorithm, shape), self.largest_nvls_chunk(shape, algorithm, bandwidth)
         for rounds, smaller in _chunk_rules(algorithm)["halving"]:
             if total < rounds * ops * chunk and chunk > smaller:
                 chunk = smaller
