@@ -79,6 +79,18 @@ def hand_kernel_micros(node: pb.Node, device: dict) -> float:
     return c["kernel_overhead_us"] + max(flops / rate, nbytes / (bandwidth * c["gemm_efficiency"])) * 1e6
 
 
+def nvls_pipelined(total: int, chunk: int, ops: int, bandwidth: float, stages: int = 3, latency: float = 21.0,
+                   largest: int = 128 * 1024, step: float = 4.8) -> float:
+    """NVLS or NVLS-Tree by its chunks (µs), by hand from flint.step.nccl's formula: rounds of `ops`
+    (channels x heads) chunks of `chunk` bytes, each round `step` (hgx's 4.8 µs) plus its bytes at
+    the bandwidth that makes rounds of `largest` chunks reach `bandwidth` (algorithm GB/s), `stages`
+    rounds deep, after `latency` (hgx's 21.0 µs, and the network's hops across nodes) less an
+    all-reduce's three steps; one round of fewer bytes takes `stages` of its own."""
+    per_byte = 1 / (bandwidth * 1e3) - step / (ops * largest)
+    whole = ops * chunk
+    return latency - 3 * step + (max(total / whole, 1) + stages - 1) * (step + min(total, whole) * per_byte)
+
+
 def load_example(name: str):
     """`examples/NAME.py` as a module, for the constants the hand derivations start from."""
     spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from conftest import flint
+from conftest import flint, nvls_pipelined
 
 from flint.step.network import network_for
 from flint.step.network_files import load_network_file, toml_string
@@ -30,14 +30,11 @@ MIB = 2**20
 
 
 def nvls(latency_us: float, bus_gbps: float, step_us: float = 4.8) -> dict[int, float]:
-    """One 8-GPU node's NVLS all-reduce times on SIZES at `bus_gbps`, `latency_us` for no bytes and
-    `step_us` a round (see the module docstring)."""
-    per_byte = 14 / (8 * bus_gbps * 1e3) - step_us / (16 * MIB)
-    times = {}
-    for size in SIZES:
-        whole = 128 * (128 if size >= 2**30 else 64) * 1024
-        times[size] = latency_us - 3 * step_us + (size / whole + 2) * (step_us + whole * per_byte)
-    return times
+    """One 8-GPU node's NVLS all-reduce times on SIZES at `bus_gbps` (x 8 / 14 its algorithm
+    bandwidth), `latency_us` for no bytes and `step_us` a round (see the module docstring): 16
+    channels x 8 heads of 128 KiB chunks from 1 GiB, 64 KiB below."""
+    return {size: nvls_pipelined(size, (128 if size >= 2**30 else 64) * 1024, 128, bus_gbps * 8 / 14,
+                                 latency=latency_us, step=step_us) for size in SIZES}
 
 
 HEADER = "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on  node0 device  {r} [0x1b] NVIDIA H100\n" for r in range(8))
@@ -275,8 +272,7 @@ def nvls_tree_on_two_nodes(bus_gbps: float, sizes=SIZES) -> dict[int, float]:
     x 8 heads x 128 KiB (16 MiB), each 4.8 µs plus its bytes at the rate that makes them reach the
     bandwidth, 3 deep, after hgx's NVLS latency (21.0 µs) and two network steps of 20.9 (tuning.cc's
     NVLS-Tree hop)."""
-    per_byte = 1 / (bus_gbps * 16 / 30 * 1e3) - 4.8 / (16 * MIB)
-    return {size: 21.0 + 2 * 20.9 - 3 * 4.8 + (size / (16 * MIB) + 2) * (4.8 + 16 * MIB * per_byte)
+    return {size: nvls_pipelined(size, 128 * 1024, 128, bus_gbps * 16 / 30, latency=21.0 + 2 * 20.9)
             for size in sizes if size >= 2**30}
 
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from conftest import DEVICES, ROOT, flint
+from conftest import DEVICES, ROOT, flint, nvls_pipelined
 from test_collectives import one_collective
 
 from flint.devices import load_device
@@ -33,18 +33,6 @@ from flint.step.network_files import load_network_file, network_toml
 MIB, GIB = 2**20, 2**30
 NODE = NcclModel(network_for("hgx", [("tensor", 8)]))
 TWO_NODES = NcclModel(network_for("hgx", [("data", 2), ("tensor", 8)]))
-
-
-def nvls_pipelined(total: int, chunk: int, ops: int, bandwidth: float, stages: int = 3, latency: float = 21.0,
-                   largest: int = 128 * 1024) -> float:
-    """NVLS or NVLS-Tree by its chunks (µs): rounds of `ops` (channels x heads) chunks of `chunk`
-    bytes, each round 4.8 µs plus its bytes at the bandwidth that makes rounds of `largest` chunks
-    reach `bandwidth` (algorithm GB/s), `stages` rounds deep, after `latency` (hgx's 21.0 µs, and
-    the network's hops across nodes) less an all-reduce's three steps; one round of fewer bytes
-    takes `stages` of its own."""
-    per_byte = 1 / (bandwidth * 1e3) - 4.8 / (ops * largest)
-    whole = ops * chunk
-    return latency - 3 * 4.8 + (max(total / whole, 1) + stages - 1) * (4.8 + min(total, whole) * per_byte)
 
 
 def candidate(model: NcclModel, kind: int, total: int, shape: Placement, algorithm: str, protocol: str):
