@@ -33,14 +33,29 @@ def dims(*rows):
         # 256 ranks: tensor 8 fills a node; data 8 x pp 4 = 32 nodes
         ([("pp", 4), ("data", 8), ("tensor", 8)],
          dims((NVLINK, 8, ("tensor",)), (SCALE_OUT, 32, ("data", "pp")))),
-        # an axis of 1 takes no place; 3 does not divide a node of 8: all of it goes outside
-        ([("data", 3), ("one", 1), ("tensor", 2)], dims((NVLINK, 2, ("tensor",)), (SCALE_OUT, 3, ("data",)))),
+        # an axis of 1 takes no place; 3 does not divide the 2 places left in a node of 8, and 12
+        # ranks do not fit in one: all of it goes outside
+        ([("data", 3), ("one", 1), ("tensor", 4)], dims((NVLINK, 4, ("tensor",)), (SCALE_OUT, 3, ("data",)))),
+        # 6 ranks fit in one node of 8, whatever divides what: one node holds them all
+        ([("data", 3), ("tensor", 2)], dims((NVLINK, 6, ("tensor", "data")))),
     ],
 )
 def test_hgx_lays_the_innermost_axes_in_a_node(axes, expected):
     network = network_for("hgx", axes)
     assert network.dimensions == expected
     assert network.npus == math.prod(size for _, size in axes)
+
+
+def test_ranks_that_fit_in_one_nvl72_rack_share_it():
+    """64 ranks (data 8 x tensor 8) in a rack of 72 GPUs: one NVLink domain of 64, whose all-reduces
+    NCCL runs in one node. Before, data went to the NICs because 8 does not divide the 9 places left
+    beside tensor's 8 (72 / 8), and the step came out as on 8-GPU hgx-b200 nodes."""
+    network = network_for("nvl72", [("data", 8), ("tensor", 8)])
+    assert network.dimensions == dims((("Switch", 900.0, 936.25), 64, ("tensor", "data")))
+    assert network.dimensions_spanned(list(range(0, 64, 8))) == [0]
+    # 144 ranks (data 18) span two racks: tensor 8 and data's low 9 in a rack, its high 2 across
+    network = network_for("nvl72", [("data", 18), ("tensor", 8)])
+    assert [(d.npus, d.axes) for d in network.dimensions] == [(72, ("tensor", "data")), (2, ("data",))]
 
 
 def test_network_yaml_is_astra_sims_format():

@@ -181,15 +181,18 @@ def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
 def _lay_out(tiers: Sequence[Tier], axes: Sequence[tuple[str, int]]) -> tuple[Dimension, ...]:
     """One dimension per tier, over the mesh axes (innermost first), or their low factors, that fit
     in its domain; the last tier takes the rest. Once an axis spills over, every outer axis is
-    outside too: a domain is a block of consecutive ranks."""
+    outside too: a domain is a block of consecutive ranks. An axis fits where the domain's room is
+    a multiple of it (so that no group straddles two domains), or where it and every outer axis fit
+    in the room together: then every rank left shares one domain (64 ranks in a 72-GPU NVL72 rack)."""
     pending = [(name, size) for name, size in reversed(axes) if size > 1]
     dimensions = []
     for index, tier in enumerate(tiers):
         last = index == len(tiers) - 1
         room, npus, names = tier.size or 1, 1, []
         outside: list[tuple[str, int]] = []
-        for name, size in pending:
-            inside = 1 if outside else size if last else math.gcd(size, room)
+        for position, (name, size) in enumerate(pending):
+            rest = math.prod(size for _, size in pending[position:])
+            inside = 1 if outside else size if last or rest <= room else math.gcd(size, room)
             if inside > 1:
                 npus, room, names = npus * inside, room // inside, [*names, name]
             if inside < size:
