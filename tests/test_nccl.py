@@ -798,7 +798,7 @@ NETWORKS = ROOT / "src" / "flint" / "step" / "networks"
     ("[scale_out]", "[scaleout]", "unknown key or table 'scaleout': use name, architecture, cpu, nccl, node, "
                                   "scale_out, sources"),
     ("nvls_bus_gbps =", "nvls_bus_gbp =", "unknown [node] key 'nvls_bus_gbp': use gpus, link, bus_gbps, channels, "
-                                          "nvls_bus_gbps, "),
+                                          "nvlink_gbps, nvls_bus_gbps, "),
     ("sharp =", "sharpe =", "unknown [scale_out] key 'sharpe': use nics, nic_gbps, channels, latency_us, sharp, "),
 ], ids=["table", "node-key", "scale-out-key"])
 def test_a_network_file_refuses_a_key_it_does_not_know(tmp_path, right, typo, expected):

@@ -517,13 +517,13 @@ class NcclModel:
     def _nvls_graph_gbps(self, shape: Placement, tuner: Tuner) -> float:
         """nChannels x bwIntra of NCCL's NVLS graph in one node (search.cc
         ncclTopoSearchTryNvls): each channel crosses every GPU's NVLink to the switches once and
-        its head GPU's twice, so at speed s a GPU's link (the node's `bus_gbps`, its NVLinks
-        together as NCCL's topology has them) carries (channels + 1) x s. The search keeps the
+        its head GPU's twice, so at speed s a GPU's link (its NVLinks together as NCCL's topology
+        has them, the node's `topology_gbps`) carries (channels + 1) x s. The search keeps the
         fastest of its speeds (the release's `nvls_speeds_gbps`) that fits: on 8x H100 (370.8 GB/s
         a GPU) 40 for 8 channels, 60 for 4; where none fits, NCCL has no NVLS graph."""
         channels = self._nvls_channels(shape)
         speeds = tuner.architecture[self.cluster.architecture]["nvls_speeds_gbps"]
-        fitting = [s for s in speeds if (channels + 1) * s <= self.cluster.node.bus_gbps]
+        fitting = [s for s in speeds if (channels + 1) * s <= self.cluster.node.topology_gbps]
         return channels * max(fitting) if fitting else 0.0
 
     def _nvls_bus_before_2_28(self, algorithm: str, nvls: float, efficiency: float, shape: Placement,

@@ -4,7 +4,9 @@ A network file (TOML; the built-in ones are `networks/*.toml`) describes two tie
 
 - `[node]`: the GPUs that share a scale-up fabric (`gpus`; absent: every rank), its `link` (nvlink
   or pci: NCCL's latency class), the bus bandwidth NCCL's rings reach (`bus_gbps`, GB/s of 10^9
-  bytes), its `channels`, and where the switches reduce in the network (NVLink SHARP, NCCL's NVLS)
+  bytes), a GPU's NVLinks together as NCCL's topology counts them (`nvlink_gbps`: topo.h's
+  bandwidth per link times the links; absent: `bus_gbps`), in which NCCL's search fits NVLS's
+  channels, its `channels`, and where the switches reduce in the network (NVLink SHARP, NCCL's NVLS)
   the all-reduce bus bandwidth by GPUs in the node (`nvls_bus_gbps`, 1, 2, ... GPUs; the last entry
   holds for more: what the largest sizes reach), NVLS's latency (an all-reduce's time for no bytes)
   and what each round of its chunks costs besides its bytes (`nvls_latency_us`, `nvls_step_us`;
@@ -62,6 +64,7 @@ class NodeTier:
     link: str
     bus_gbps: float
     channels: int = 16
+    nvlink_gbps: float | None = None
     nvls_bus_gbps: tuple[float, ...] = ()
     nvls_latency_us: float = 0.0
     nvls_step_us: float = 0.0
@@ -73,6 +76,14 @@ class NodeTier:
     @property
     def nvls(self) -> bool:
         return bool(self.nvls_bus_gbps)
+
+    @property
+    def topology_gbps(self) -> float:
+        """A GPU's NVLinks together as NCCL's topology counts them: `nvlink_gbps`, else `bus_gbps`.
+        Kept apart from the rings' measured bandwidth, which a fit moves: NCCL's search fits NVLS's
+        channels in the topology's figure at speeds of a fixed table, so a ring fitted a little
+        below it would otherwise lose NVLS a whole speed."""
+        return self.bus_gbps if self.nvlink_gbps is None else self.nvlink_gbps
 
     def nvls_bus(self, gpus: float) -> float:
         """NVLS all-reduce bus bandwidth for `gpus` GPUs of one node."""
@@ -173,6 +184,7 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             link=_choice(node, "link", LINKS, "nvlink"),
             bus_gbps=number_field(node, "bus_gbps", positive=True),
             channels=_count(node, "channels") if "channels" in node else NodeTier.channels,
+            nvlink_gbps=optional_field(number_field, node, "nvlink_gbps", positive=True),
             nvls_bus_gbps=tuple(_numbers(node, "nvls_bus_gbps")),
             nvls_latency_us=number_field(node, "nvls_latency_us", default=NodeTier.nvls_latency_us),
             nvls_step_us=number_field(node, "nvls_step_us", default=NodeTier.nvls_step_us),
@@ -225,6 +237,8 @@ def network_toml(network: NetworkFile, header: str) -> str:
     if node.gpus is not None:
         lines.append(f"gpus = {node.gpus}")
     lines += [f"link = {toml_string(node.link)}", f"bus_gbps = {node.bus_gbps:g}", f"channels = {node.channels}"]
+    if node.nvlink_gbps is not None:
+        lines.append(f"nvlink_gbps = {node.nvlink_gbps:g}")
     if node.nvls:
         lines += [f"nvls_bus_gbps = [{', '.join(f'{v:g}' for v in node.nvls_bus_gbps)}]",
                   f"nvls_latency_us = {node.nvls_latency_us:g}", f"nvls_step_us = {node.nvls_step_us:g}"]
