@@ -14,14 +14,20 @@ Some runs take 400 GB/s. An all-gather on a ring of 300 GB/s bus bandwidth: 8.4 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 import tomllib
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 import pytest
-from conftest import flint, nvls_pipelined
+from conftest import ROOT, flint, nvls_pipelined
 
+from flint.schema import et_def_pb2 as pb
+from flint.step.nccl import NcclModel, Placement
 from flint.step.network import network_for
 from flint.step.network_files import load_network_file, toml_string
 
@@ -611,3 +617,142 @@ def test_network_options_are_refused_without_network(tmp_path, option):
     from profiles ignored them."""
     run = flint("calibrate", tmp_path / "p.json.gz", tmp_path / "t", *option, "-o", tmp_path / "f.toml")
     assert_refused(run, tmp_path / "f.toml", f"{option[0]} describes nccl-tests runs, for fitting a network")
+
+
+def test_a_ring_fitted_just_below_the_nvlink_topology_keeps_nvls(tmp_path):
+    """An all-gather whose ring reaches 358 GB/s bus bandwidth (8.4 + 7 x 3.4 µs + S / (358 x 8 / 7
+    x 10^3)), beside the NVLS all-reduce of the module docstring. NCCL's search fits NVLS's 8
+    channels (one per GPU, the head's link crossed twice: 9 x s) in a GPU's NVLinks as its topology
+    counts them, 18 x 20.6 = 370.8 GB/s (`nvlink_gbps`), at the fastest speed that fits: 40 GB/s.
+    Before, the search took the ring's fitted bandwidth: 9 x 40 = 360 > 358 left it 30, NCCL's tuner
+    predicted NVLS below the ring and ran the ring at every size, and the fit failed with an error
+    about NVLS's step that the user had set nothing of."""
+    gather = nccl_tests(tmp_path / "all_gather_perf.txt", "all_gather_perf",
+                        {size: 8.4 + 7 * 3.4 + size / (358 * 8 / 7 * 1e3) for size in SIZES})
+    reduce = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600, 10))
+    written = tmp_path / "my hgx.toml"
+    run = flint("calibrate", "--network", "hgx", reduce, gather, "-o", written, "--json")
+    assert run.returncode == 0, run.stderr
+    fitted = json.loads(run.stdout)["fitted"]
+    assert fitted["node.bus_gbps"] == pytest.approx(358, rel=0.001)
+    assert fitted["node.nvls_bus_gbps[7]"] == pytest.approx(600, rel=0.001)
+    network = load_network_file(written)
+    assert network.node.nvlink_gbps == 370.8
+    model = NcclModel(network_for(str(written), [("tensor", 8)]))
+    assert model.choose(pb.ALL_REDUCE, 2**34, Placement(8, 1)).algorithm == "NVLS"
+    text = flint("calibrate", "--network", "hgx", reduce, gather, "-o", written)
+    assert text.stdout.rstrip().endswith(f"use it as --network '{written}'")
+
+
+def test_a_run_of_large_sizes_faster_than_the_model_is_not_told_to_reach_larger_ones(tmp_path):
+    """The module docstring's NVLS run (16 GiB in about 50 ms) fitted as if NCCL_PROTO=LL had held it:
+    Ring LL at 16 GiB is capped at Hopper's llMaxBw, 141 GB/s of bus bandwidth (below half the
+    node's ring), so it takes at least 6.6 + 14 x 0.6 + 16 GiB / (141 x 8 / 14 x 10^3) µs at any
+    bus bandwidth. Before, the advice was to reach larger sizes than 16 GiB."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
+    floor = 6.6 + 14 * 0.6 + 2**34 / (141 * 8 / 14 * 1e3)
+    run = flint("calibrate", "--network", "hgx", measured, "--protocol", "LL", "-o", tmp_path / "f.toml")
+    assert_refused(run, tmp_path / "f.toml", f"NCCL's model takes {floor:,.1f} at any node.bus_gbps, running Ring LL "
+                   "on network hgx's other numbers: the run is faster than hgx can be")
+    assert "leave out --algorithm and --protocol" in run.stderr and "larger sizes" not in run.stderr
+
+
+def test_ranks_and_nodes_are_refused_where_every_run_lists_its_own(tmp_path):
+    """The runs' '#  Rank' lines say 8 ranks on one node; --ranks 16 --nodes 2 contradicted them and
+    was ignored without a word."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
+    run = flint("calibrate", "--network", "hgx", measured, "--ranks", "16", "--nodes", "2", "-o", tmp_path / "f.toml")
+    assert_refused(run, tmp_path / "f.toml", "--ranks and --nodes: every run lists its ranks and their nodes")
+
+
+def test_a_failed_write_keeps_the_earlier_file_whole(tmp_path):
+    """With files limited to 2 KiB (ulimit -f 2) the fitted file cannot be written: the earlier one
+    stays as it was and no fragment is left. Before, it was cut to 2,048 bytes of invalid TOML."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
+    kept = tmp_path / "kept.toml"
+    kept.write_text("# an earlier fit\n")
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    done = subprocess.run([sys.executable, "-m", "flint", "calibrate", "--network", "hgx", str(measured), "-o",
+                           str(kept)], capture_output=True, text=True, preexec_fn=small_files, timeout=600)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"cannot write '{kept}': File too large" in done.stderr
+    assert kept.read_text() == "# an earlier fit\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all_reduce_perf.txt", "kept.toml"]
+
+
+def test_the_table_keeps_every_number_in_80_columns(tmp_path):
+    """Piped (80 columns), two nodes' NVLS-Tree rows up to 16 GiB: the algorithm folds, the
+    numbers stay whole. Before, 'after µs' read '68,668…' and the algorithm 'NVLS-Tree Simp…'."""
+    run = flint("calibrate", "--network", "hgx", ROOT / "bench" / "measured" / "nccl" /
+                "h100-2x8-nccl-tests-309-xe9680.all_reduce_perf.txt", "--ranks", "16", "--nodes", "2", "--nccl",
+                "2.26.2", "-o", tmp_path / "f.toml", env={**os.environ, "COLUMNS": "80"})
+    assert run.returncode == 0, run.stderr
+    assert "…" not in run.stdout
+    last = [line for line in run.stdout.splitlines() if line.startswith("│ 17,179,869,184")]
+    assert [cell.strip() for cell in last[0].split("│")[1:-1]][:5] == [
+        "17,179,869,184", "68,668.0", "69,968.6", "68,668.0", "1.00"]
+
+
+def _run_text(program: str, rows: str, footer: str = "# Out of bounds values : 0 OK\n") -> str:
+    """nccl-tests' output as it prints it: its header line naming the program, rank lines, the table."""
+    return (f"# Collective test starting: {program}\n# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 2(factor)\n"
+            f"{HEADER}#\n#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n{rows}"
+            f"{footer}# Avg bus bandwidth    : 0.1\n#\n")
+
+
+ROW = "     1048576        262144     float     sum      -1    27.37   38.31   67.04      0    26.91   38.96   68.18      0\n"
+
+
+@pytest.mark.parametrize("name, text, words", [
+    ("mislabeled_all_reduce_perf.txt", _run_text("all_gather_perf", ROW),
+     "its name says all_reduce_perf and its output all_gather_perf"),
+    ("reduce_perf.txt", _run_text("reduce_perf", ROW), "the output of reduce_perf, which Flint does not fit"),
+    ("gather.txt", ROW, "neither its name nor its text names a program Flint fits"),
+    ("all_reduce_perf.txt", _run_text("all_reduce_perf", ROW + ROW), "line 14: a second row of 1,048,576 bytes"),
+    ("all_reduce_perf.txt", _run_text("all_reduce_perf", ROW, "") + _run_text("all_reduce_perf", ROW.replace(
+        "1048576", "2097152"), ""), "lists a rank twice"),
+    ("all_reduce_perf.txt", _run_text("all_reduce_perf", ROW, "# Out of bounds values : 0 OK\n" * 2),
+     "holds 2 runs' footers"),
+    ("all_reduce_perf.txt", _run_text("all_reduce_perf", ROW, "# Out of bounds values : 1 FAILED\n"),
+     "nccl-tests found 1 values out of bounds: its times are not those of a correct all_reduce"),
+], ids=["name and header", "unfitted program", "no program", "a size twice", "ranks twice", "two footers",
+        "out of bounds"])
+def test_files_that_are_not_one_run_of_a_fitted_program_are_one_line(tmp_path, name, text, words):
+    """Before: the file's name won over its header (an all-gather fitted as an all-reduce, NVLS at
+    722 GB/s), a reduce_perf output was told to take another name, and a run concatenated with
+    another (or itself) was read as one, each size twice."""
+    measured = tmp_path / name
+    measured.write_text(text)
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml")
+    assert_refused(run, tmp_path / "f.toml", words)
+
+
+def test_an_older_nccl_tests_error_column_is_read(tmp_path):
+    """Older nccl-tests print each group's largest error (2e-06, a float) where newer ones count
+    wrong results; such a table was refused as not a row of nccl-tests' table. Its times are read,
+    and its footer says whether the values were in bounds."""
+    rows = "".join(f"{size:>12} {size // 4:>12} float sum {t:9.1f} 0.0 0.0 2e-06 {t:9.1f} 0.0 0.0 0e+00\n"
+                   for size, t in nvls(60, 600).items())
+    measured = tmp_path / "all_reduce_perf.txt"
+    measured.write_text(_run_text("all_reduce_perf", rows))
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "f.toml", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["fitted"]["node.nvls_bus_gbps[7]"] == pytest.approx(600, rel=0.001)
+    measured.write_text(_run_text("all_reduce_perf", rows.replace("2e-06", "nan", 1)))
+    run = flint("calibrate", "--network", "hgx", measured, "-o", tmp_path / "g.toml")
+    assert_refused(run, tmp_path / "g.toml", "not a row of nccl-tests' table")
+
+
+@pytest.mark.parametrize("option, words", [
+    (["-o", ""], "'-o' / '--output': is empty: give the file to write"),
+    (["-o", "f.toml", "--name", " "], "--name is empty: give the fitted file's name"),
+], ids=["output", "name"])
+def test_an_empty_output_or_name_is_one_line(tmp_path, option, words):
+    """Before: -o '' was refused as '.', which is not a .toml file, and --name '' took the default
+    name without a word."""
+    measured = nccl_tests(tmp_path / "all_reduce_perf.txt", "all_reduce_perf", nvls(60, 600))
+    run = flint("calibrate", "--network", "hgx", measured, *option, cwd=tmp_path)
+    assert_refused(run, tmp_path / "f.toml", words)

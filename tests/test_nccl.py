@@ -855,3 +855,20 @@ def test_network_and_device_files_refuse_sources_that_are_not_a_table_of_text(tm
     assert run.returncode == 2 and not (tmp_path / "t.json").exists()
     assert run.stderr.startswith("error: network file ") and len(run.stderr.strip().splitlines()) == 1
     assert expected in run.stderr
+
+
+@pytest.mark.parametrize("text, words", [
+    ('name = "n"\n[node]\ngpus = 8\nbus_gbps = 370.8\n[scale_out]\nnics = 8\n',
+     "'nic_gbps' is missing: it needs name, [node] bus_gbps, and in a [scale_out] nics and nic_gbps"),
+    ('name = "n"\nnccl = 2.30\n[node]\nbus_gbps = 370.8\n',
+     'nccl is 2.3, not text: give the release in quotes (nccl = "2.26.2")'),
+    ('name = "n"\nnccl = 2.26\n[node]\nbus_gbps = 370.8\n', "nccl is 2.26, not text"),
+], ids=["scale-out key", "release 2.30", "release 2.26"])
+def test_a_missing_key_or_a_bare_release_number_is_one_line_that_names_it(tmp_path, text, words):
+    """A [scale_out] without nic_gbps was reported as needing name and [node] bus_gbps, which it had
+    (with Python's KeyError); TOML reads nccl = 2.30 as the number 2.3, which was refused as release
+    '2.3', and nccl = 2.26 was taken as 2.26.6 without a word."""
+    path = tmp_path / "n.toml"
+    path.write_text(text)
+    with pytest.raises(FlintError, match=re.escape(words)):
+        network_for(str(path), [("data", 2), ("tensor", 8)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import signal
 import sys
@@ -437,10 +438,25 @@ class OutputFile(click.Path):
         super().__init__(path_type=Path, dir_okay=False)
 
     def convert(self, value, param, ctx) -> Path:
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty: give the file to write", param, ctx)
         path = super().convert(value, param, ctx)
         if not path.absolute().parent.is_dir():
             self.fail(f"directory {str(path.parent)!r} of {str(path)!r} does not exist: create it first", param, ctx)
         return path
+
+
+def _write_whole(output: Path, data: bytes) -> None:
+    """Write `output` whole or not at all: into a file beside it, renamed over it once written, so
+    that a full disk or an interrupt leaves any earlier file as it was and no fragment of a new one."""
+    staged = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        staged.write_bytes(data)
+        os.replace(staged, output)
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def _plot_option(help_text: str, kind: click.ParamType | None = None):
@@ -739,11 +755,11 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 
         plot_ranks(scheduled, plot, f"{directory.name}: one step, {scheduled.step:,.1f} µs")
     try:
-        output.write_text(json.dumps(to_trace_events(scheduled, metadata)) + "\n")
-    except OSError as exc:
+        _write_whole(output, (json.dumps(to_trace_events(scheduled, metadata)) + "\n").encode())
+    except FlintError:
         if plot:
             plot.unlink(missing_ok=True)
-        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+        raise
     if as_json:
         click.echo(json.dumps({"step_us": scheduled.step,
                                "ranks": [r.as_json() for r in scheduled.every_rank()]}, indent=2))
@@ -1002,15 +1018,12 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorith
     except UnicodeEncodeError:
         raise FlintError("--name or a measured file's name holds bytes that are not UTF-8, which a TOML file "
                          "cannot: give names in UTF-8") from None
-    try:
-        output.write_bytes(text)
-    except OSError as exc:
-        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    _write_whole(output, text)
     if as_json:
         click.echo(json.dumps(fit.as_json(), indent=2))
         return
     stdout.print(network_calibration_view(fit))
-    stdout.print(f"wrote {output}: use it as --network {output}")
+    stdout.print(f"wrote {output}: use it as --network {shlex.quote(str(output))}")
 
 
 def _branches(count: int) -> str:
@@ -1079,6 +1092,8 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
       flint calibrate --network hgx all_reduce_perf.txt all_gather_perf.txt --ranks 8 -o my-hgx.toml
       flint calibrate --network hgx ring_all_reduce_perf.txt --algorithm Ring -o my-hgx.toml
     """
+    if name is not None and not name.strip():
+        raise FlintError("--name is empty: give the fitted file's name, or leave --name out for its default")
     # each fit's own options, which the other would ignore without a word
     for option, value in ({"--rank": rank, "--device": device_spec} if network else
                           {"--ranks": ranks, "--nodes": nodes, "--algorithm": algorithm,
@@ -1113,9 +1128,11 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     base = next(iter(bases.values()))
     fit = fit_device(steps, base, name or f"{base.name}-calibrated")
     try:
-        output.write_text(device_toml(fit, ", ".join(p.name for p in pairs[::2])))
-    except OSError as exc:
-        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+        text = device_toml(fit, ", ".join(p.name for p in pairs[::2])).encode()
+    except UnicodeEncodeError:
+        raise FlintError("--name or a profile's name holds bytes that are not UTF-8, which a TOML file cannot: "
+                         "give names in UTF-8") from None
+    _write_whole(output, text)
     if as_json:
         click.echo(json.dumps(fit.as_json(), indent=2))
         return
@@ -1123,7 +1140,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
         stderr.print(f"[yellow]warning:[/] {key}: the profiles' kernels of this class are faster than "
                      "their peaks allow the traces': kept at 1")
     stdout.print(calibration_view(fit))
-    stdout.print(f"wrote {output}: use it as --device {output}")
+    stdout.print(f"wrote {output}: use it as --device {shlex.quote(str(output))}")
 
 
 @main.command()

@@ -63,7 +63,7 @@ def invalid(exc: Exception, needs: str) -> str:
     """What was wrong with a file's table, from what reading it raised: a missing key (KeyError)
     with what the file `needs`; anything else (a bad value, an unknown key) in its own words, which
     name the key and what it must be."""
-    return f"{needs} ({type(exc).__name__}: {exc})" if isinstance(exc, KeyError) else str(exc)
+    return f"{exc.args[0]!r} is missing: {needs}" if isinstance(exc, KeyError) else str(exc)
 
 
 def known_keys(table: dict, allowed: Collection[str], name: str | None = None) -> None:

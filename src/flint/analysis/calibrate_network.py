@@ -246,6 +246,10 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
                       protocol: str | None = None, nccl: str | None = None) -> NetworkFit:
     """Fit `base`'s numbers to `runs`, made with NCCL_ALGO `algorithm` and NCCL_PROTO `protocol`
     where given, under the tuner of NCCL `nccl` where given (see the module docstring)."""
+    given = " and ".join(option for option, value in (("--ranks", ranks), ("--nodes", nodes)) if value is not None)
+    if given and all(run.ranks for run in runs):
+        raise FlintError(f"{given}: every run lists its ranks and their nodes ('#  Rank' lines), which the fit "
+                         f"takes: leave {given} out")
     release, release_from = _measured_release(runs, nccl)
     if release is None:
         release_from = (f"network {base.name}'s; the runs state none" if base.nccl else
@@ -385,21 +389,40 @@ def _check_measured(network: NetworkFile, parameter: str, runs: Sequence[PlacedR
             said = (f"{one.run.path}: its largest size ({largest.size:,} bytes) took {largest.micros:,.1f} µs, and "
                     f"NCCL's model takes {'at most ' * slower}{closest.micros:,.1f} at any {parameter}")
             if slower:
-                held = "" if one.forced() else " (or, where NCCL_ALGO or NCCL_PROTO held it, --algorithm or --protocol)"
                 raise FlintError(f"{said}, running {closest.algorithm} {closest.protocol} on network {network.name}'s "
                                  f"other numbers: the run is slower than {network.name} can be: give the --network "
-                                 f"of the machine it ran on{held}")
+                                 f"of the machine it ran on{_held(one)}")
             other = _binding(fitted, one, [p for p in _bandwidths(fitted, one) if p != parameter])
             if other is not None:
                 raise FlintError(f"{said}, where {other} ({_get(fitted, other):g}) bounds {closest.algorithm} "
                                  f"{closest.protocol}: the run is faster than {network.name} can be: give the "
                                  "--network of the machine it ran on, or fit that number first")
-            raise FlintError(f"{said}: give a run that reaches larger sizes (nccl-tests -e 8G)")
+            if _latency_bound(fitted, one, closest):
+                raise FlintError(f"{said}: give a run that reaches larger sizes (nccl-tests -e 8G)")
+            raise FlintError(f"{said}, running {closest.algorithm} {closest.protocol} on network {network.name}'s "
+                             f"other numbers: the run is faster than {network.name} can be: give the --network of "
+                             f"the machine it ran on{_held(one)}")
         if _binding(network, one, [parameter]) is None:
             choice = one.choice(network, largest.size)
             raise FlintError(f"{one.run.path}: at its largest size ({largest.size:,} bytes) NCCL's model runs "
                              f"{choice.algorithm} {choice.protocol}, whose time does not depend on {parameter}: "
                              "give a run that reaches larger sizes (nccl-tests -e 8G)")
+
+
+def _held(one: PlacedRun) -> str:
+    """The other way a run may differ from what the model runs: held to an algorithm or protocol
+    that the fit was not told of, or not held to the one it was."""
+    if one.forced():
+        return " (or, where NCCL_ALGO and NCCL_PROTO did not hold it, leave out --algorithm and --protocol)"
+    return " (or, where NCCL_ALGO or NCCL_PROTO held it, --algorithm or --protocol)"
+
+
+def _latency_bound(network: NetworkFile, one: PlacedRun, choice: Choice) -> bool:
+    """Whether most of the model's time at a run's largest size is the latency of what runs there
+    (its time for one byte): then a larger size, whose bytes outweigh it, measures the bandwidth;
+    otherwise the run's sizes are large enough, and the network's other numbers hold it back."""
+    latency = modelled(network, one.run.comm_type, 1, one.placement, choice.algorithm, choice.protocol).micros
+    return latency >= choice.micros / 2
 
 
 def _bandwidths(network: NetworkFile, one: PlacedRun) -> list[str]:

@@ -179,7 +179,7 @@ def network_calibration_view(fit) -> Group:
     for run in fit.runs:
         table = _table(f"{run.run.path.name}: {run.run.collective}, {run.placement.ranks} ranks on "
                        f"{run.placement.nodes} node{'s' if run.placement.nodes > 1 else ''}, in place{run.held_to}",
-                       ("bytes", "measured µs", "before µs", "after µs", "ratio", "NCCL runs"))
+                       ("bytes", "measured µs", "before µs", "after µs", "ratio", "NCCL runs"), texts=("NCCL runs",))
         for row in run.rows:
             table.add_row(f"{row.size:,}", f"{row.measured:,.1f}", f"{row.before:,.1f}", f"{row.after.micros:,.1f}",
                           f"{row.after.micros / row.measured:.2f}", f"{row.after.algorithm} {row.after.protocol}")

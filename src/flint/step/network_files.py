@@ -215,15 +215,22 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             name=str(data["name"]),
             architecture=_choice(data, "architecture", ARCHITECTURES, "hopper"),
             cpu=_choice(data, "cpu", CPUS, "other"),
-            nccl=nccl_release(str(data["nccl"])) if "nccl" in data else None,
+            nccl=_release(data["nccl"]) if "nccl" in data else None,
             node=tier,
             scale_out=scale_out,
             sources=sources_field(data),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FlintError(f"network file {origin!r} is not valid: "
-                         f"{invalid(exc, 'it needs name and [node] bus_gbps')}") from None
+                         f"{invalid(exc, 'it needs name, [node] bus_gbps, and in a [scale_out] nics and nic_gbps')}") from None
     return network
+
+
+def _release(value) -> str:
+    """The `nccl` key: a release in quotes. A bare number is refused, as TOML reads 2.30 as 2.3."""
+    if not isinstance(value, str):
+        raise TypeError(f"nccl is {value!r}, not text: give the release in quotes (nccl = \"2.26.2\")")
+    return nccl_release(value)
 
 
 def network_toml(network: NetworkFile, header: str) -> str:
