@@ -207,14 +207,15 @@ def test_inspect_timeline_and_graph_read_it(tmp_path: Path) -> None:
                 *TIMING, "--collectives", "astra-sim", *groups)
     assert run.returncode == 0, run.stderr
     steps = [r["step_us"] for r in json.loads(run.stdout)["ranks"]]
-    # another producer's trace, no manifest: timed by the same model as flint simulate, one link
+    # another producer's trace, no manifest: timed by the same model as flint simulate, one link,
+    # reductions at the memory bandwidth of --device
     from flint.devices import Device
     from flint.step.models import reader_collectives
     from flint.step.schedule import AS_ASTRA_SIM, load_timeline
     from flint.trace.timing import Compute, Link, NodeTimer
 
     device = Device("test", peak_tflops=1.0, mem_bw_gbps=1.0)
-    collectives = reader_collectives(None, None, 4, 1.0, 2.0, model="astra-sim")
+    collectives = reader_collectives(None, None, 4, 1.0, 2.0, model="astra-sim", device=device)
     expected = load_timeline(directory, None, lambda g, n: NodeTimer(Compute(device, "roofline"), Link(), g, n,
                                                                      collectives), directory / GROUPS_FILE,
                              issue=AS_ASTRA_SIM)

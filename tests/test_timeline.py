@@ -155,15 +155,16 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     run = flint("timeline", directory, "-o", out, "--plot", png, "--device", device,
                 "--link-gbps", "1", "--link-latency-us", "2", "--collectives", "astra-sim", "--json")
     assert run.returncode == 0, run.stderr
-    # --link-gbps/--link-latency-us: one fully connected link, timed as ASTRA-sim times it
-    collectives = reader_collectives(None, None, 2, 1.0, 2.0, model="astra-sim")
+    # --link-gbps/--link-latency-us: one fully connected link, timed as ASTRA-sim times it, reducing
+    # at the memory bandwidth of --device
+    collectives = reader_collectives(None, None, 2, 1.0, 2.0, model="astra-sim", device=DEVICE)
     expected = load_timeline(directory, None, lambda groups, n: NodeTimer(Compute(DEVICE, "roofline"), LINK, groups,
                                                                           n, collectives), issue=AS_ASTRA_SIM)
     assert [r["step_us"] for r in json.loads(run.stdout)["ranks"]] == pytest.approx([r.step for r in expected.ranks])
     # by hand: the 4,000-byte all-reduce in 4 chunks of 1,000 bytes, 2 at a time, each 2 steps of
-    # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay a step: from 6 µs on rank 0; then its SEND
-    # of 2,000 bytes
-    step = 2 * (0.01 + 2.0 + 500 / 2**30 * 1e6)
+    # 500 bytes at 2^30 B/s and 2 µs a hop, 10 ns endpoint delay a step, the one step that reduces
+    # also 3 x 500 bytes at the device's 1 GB/s: from 6 µs on rank 0; then its SEND of 2,000 bytes
+    step = 2 * (0.01 + 2.0 + 500 / 2**30 * 1e6) + 3 * 500 / 1e3
     send = 2.0 + 2000 / 2**30 * 1e6  # a SEND has no endpoint delay
     assert expected.ranks[0].step == pytest.approx(6 + 2 * step + send)
     assert json.loads(out.read_text())["traceEvents"]
@@ -272,3 +273,34 @@ def test_simulate_reads_each_file_of_the_set_once(tmp_path: Path, monkeypatch) -
     result = simulate(SimulateRequest(directory=directory, output=tmp_path / "out"))
     assert result.ran and result.engine == "flint"
     assert sorted(reads) == ["flint.0.et", "flint.1.et", "flint.comm_groups.json", "manifest.json"]
+
+
+def test_every_reader_reduces_at_the_memory_bandwidth_of_the_device_asked_for(tmp_path: Path) -> None:
+    """With --collectives astra-sim, a reduction costs 3 x floor(bytes / local-mem-bw) ns, at the
+    memory bandwidth of the device compute is timed on (docs/simulate.md). One 64 MiB all-reduce over
+    the 4 NPUs of a Ring: 4 chunks of 16 MiB, 2 at a time, so 2 rounds of a ring phase whose n - 1 = 3
+    reducing steps each reduce a 4 MiB message. An H100 (3,350 GB/s) against a B200 (8,000 GB/s):
+    2 x 3 x 3 x (floor(4,194,304 / 3,350) - floor(4,194,304 / 8,000)) = 18 x (1,252 - 524) ns longer.
+    simulate took --device; timeline and inspect kept the manifest's device (an H100's), so their
+    step with --device b200 was the H100's."""
+    from test_simulate import all_reduce_trace, write_ring
+
+    traces = all_reduce_trace(tmp_path / "ar", 4, 64 * 2**20)
+    ring = write_ring(tmp_path / "ring.yml", 4, 50, 500)
+    common = ("--network", ring, "--collectives", "astra-sim")
+    simulated, timed, inspected = {}, {}, {}
+    for device in ("h100", "b200"):
+        run = flint("simulate", traces, "--json", "--roofline", "--device", device, *common,
+                    "-o", tmp_path / f"sim-{device}")
+        assert run.returncode == 0, run.stderr
+        simulated[device] = json.loads(run.stdout)["step_us"]
+        run = flint("timeline", traces, "--json", "--durations", "roofline", "--device", device, *common,
+                    "-o", tmp_path / f"{device}.json")
+        assert run.returncode == 0, run.stderr
+        timed[device] = json.loads(run.stdout)["step_us"]
+        run = flint("inspect", traces, "--json", "--durations", "roofline", "--device", device, *common)
+        assert run.returncode == 0, run.stderr
+        [collective] = json.loads(run.stdout)[0]["heaviest"]
+        inspected[device] = collective["micros"]
+    assert simulated["h100"] - simulated["b200"] == pytest.approx(2 * 3 * 3 * (1252 - 524) / 1e3)
+    assert timed == pytest.approx(simulated) and inspected == pytest.approx(simulated)

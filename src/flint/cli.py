@@ -636,7 +636,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
     files = _trace_files(path, prefix, rank, groups_file, one_file_too=True)
     compute = _compute(files, device_spec, durations)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
-                               model=collectives)
+                               model=collectives, device=compute.device)
     timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
     # A whole set is checked as simulate checks it, but summarised all the same (another producer's
     # trace may be worth a look); a part of one cannot be checked alone.
@@ -744,7 +744,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     files = _trace_files(directory, prefix, None, groups_file)
     compute = _compute(files, device_spec, durations)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps,
-                               link_latency_us, model=collectives)
+                               link_latency_us, model=collectives, device=compute.device)
     scheduled = schedule_trace_set(
         files, lambda groups, num_ranks: NodeTimer(compute, Link(), groups, num_ranks, model), issue=AS_ASTRA_SIM,
     )
@@ -1166,8 +1166,9 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     from flint.trace.timing import Link, NodeTimer
 
     files = _trace_files(path, prefix, _one_rank(path, rank), groups_file, one_file_too=True)
+    compute = _compute(files, device_spec, durations)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
-                               model=collectives)
-    timer = NodeTimer(_compute(files, device_spec, durations), Link(), files.groups, files.num_ranks, model)
+                               model=collectives, device=compute.device)
+    timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
     write_graph(_read_trace(files, files.paths[0]), timer, output, max_nodes)
     stdout.print(f"wrote {output}")

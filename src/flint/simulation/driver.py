@@ -27,8 +27,8 @@ from flint.devices import load_device
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.run import RankResult, find_simulator, run_simulator
-from flint.step.astra_sim import SYSTEM, CollectiveModel
-from flint.step.models import COLLECTIVE_MODELS
+from flint.step.astra_sim import CollectiveModel
+from flint.step.models import COLLECTIVE_MODELS, collective_model
 from flint.step.nccl import NcclModel
 from flint.step.network import mesh_axes, network_for
 from flint.step.schedule import AS_ASTRA_SIM, schedule_trace_set
@@ -153,9 +153,7 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         raise FlintError(f"unknown --engine {request.engine!r}: use one of {', '.join(ENGINES)}")
     if request.collectives not in COLLECTIVE_MODELS:
         raise FlintError(f"unknown --collectives {request.collectives!r}: use one of {', '.join(COLLECTIVE_MODELS)}")
-    model: CollectiveModel | NcclModel = (
-        NcclModel(network) if request.collectives == "nccl"
-        else CollectiveModel(network, inputs.system()["local-mem-bw"], {**SYSTEM, **inputs.system_overrides}))
+    model = collective_model(request.collectives, network, device, inputs.system_overrides)
     notes = [f"the estimator times ring collectives; the system file asks ASTRA-sim for {', '.join(found)}"
              for found in [model.unmodelled()] if found]
     if files.one_per_class and request.engine == "astra-sim":
