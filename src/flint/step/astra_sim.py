@@ -32,10 +32,16 @@ beside ASTRA-sim's result) and `flint sweep` time communication here, on the net
   | ALL_TO_ALL     | n(n-1)/2     | C / n          | 0                 |
 
   and passes on C / n (reduce-scatter), C (all-reduce, all-to-all) or n C (all-gather) bytes to
-  the next phase. Each member sends its k-th message once it has received its (k-1)-th, so the
-  phase lasts as long as the slowest run of `steps` consecutive hops round the ring (every hop
-  alike: `steps` times one hop). A step that reduces also reads and writes its message three
-  times in local memory, at `local-mem-bw`.
+  the next phase. Each member sends its k-th message once it has received its (k-1)-th, so a
+  chunk that every member starts at once ends as the slowest run of `steps` consecutive hops
+  round the ring (every hop alike: `steps` times one hop). A step that reduces also reads and
+  writes its message three times in local memory, at `local-mem-bw`.
+- **A group ring whose hops differ** (a hop that crosses more of a Ring's links, or another
+  dimension, than the rest): each member ends a chunk when it has received its last message, the
+  members down the slow hops later than the rest, and starts its next chunk as soon as one of
+  its own slots is free, as ASTRA-sim's streams do. Its k-th message then goes out once it has
+  received its (k-1)-th and sent its (k-1)-th, and the collective lasts until its last member
+  ends its last chunk: less than one slowest run per round of chunks.
 
 Congestion is not modelled (nor does ASTRA-sim's congestion-unaware backend model it): concurrent
 collectives do not slow each other down.
@@ -47,6 +53,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from flint.errors import number_field
 from flint.schema import et_def_pb2 as pb
@@ -222,26 +230,32 @@ class CollectiveModel:
         chunk = max(chunk, 1)
         return chunk, max(1, math.ceil(nbytes / chunk))
 
-    def ring_ns(self, comm_type: int, chunk: int, hops: Sequence[tuple[int, int] | None], n: int) -> float:
-        """One ring phase over `n` members of a `chunk`; `hops` are the routes round the ring (for
-        a dimension's own ring, one representative)."""
+    def ring_steps(self, comm_type: int, chunk: int, n: int) -> tuple[int, int, int]:
+        """A ring phase over `n` members of a `chunk`: (steps, bytes per step, steps that reduce)."""
         if comm_type == pb.ALL_REDUCE:
-            steps, message, reducing = 2 * (n - 1), chunk // n, n - 1
-        elif comm_type == pb.REDUCE_SCATTER:
-            steps, message, reducing = n - 1, chunk // n, n - 1
-        elif comm_type == pb.ALL_GATHER:
-            steps, message, reducing = n - 1, chunk, 0
-        else:
-            steps, message, reducing = n * (n - 1) // 2, chunk // n, 0
+            return 2 * (n - 1), chunk // n, n - 1
+        if comm_type == pb.REDUCE_SCATTER:
+            return n - 1, chunk // n, n - 1
+        if comm_type == pb.ALL_GATHER:
+            return n - 1, chunk, 0
+        return n * (n - 1) // 2, chunk // n, 0
+
+    def reduction_ns(self, message: int) -> float:
+        """Reducing one received message: read, read and write it at `local-mem-bw`, whole ns each."""
+        return 3 * math.floor(message / self.mem_bw_gbps) if self.mem_bw_gbps else 0  # ns: bytes / (GB/s)
+
+    def ring_ns(self, comm_type: int, chunk: int, hops: Sequence[tuple[int, int] | None], n: int) -> float:
+        """One ring phase over `n` members of a `chunk`, every member starting at once; `hops` are
+        the routes round the ring (for a dimension's own ring, one representative)."""
+        steps, message, reducing = self.ring_steps(comm_type, chunk, n)
         times = [self.routed_ns(route, message) for route in hops]
-        total = _slowest_window(times, steps)
-        if reducing and self.mem_bw_gbps:
-            total += reducing * 3 * math.floor(message / self.mem_bw_gbps)  # ns: bytes / (GB/s)
-        return total
+        return _slowest_window(times, steps) + reducing * self.reduction_ns(message)
 
 
 def _collective_ns(model: CollectiveModel, comm_type: int, nbytes: int, shape: tuple | None) -> float:
     chunk, count = model.chunks(comm_type, nbytes)
+    if shape is not None and count > model.active and len({model.routed_ns(route, 1) for route in shape}) > 1:
+        return _uneven_ring_ns(model, comm_type, chunk, count, shape)
     stages = []
     size = chunk
     for kind, ring, dim in model.phases(comm_type, shape):
@@ -254,6 +268,38 @@ def _collective_ns(model: CollectiveModel, comm_type: int, nbytes: int, shape: t
         stages.append((dim, model.ring_ns(kind, size, hops, n)))
         size = _FINAL[kind](size, n)
     return _pipeline(stages, count, model.active)
+
+
+def _uneven_ring_ns(model: CollectiveModel, comm_type: int, chunk: int, count: int, hops: tuple) -> float:
+    """A group ring whose hops differ, in `count` chunks (see the module docstring): member i's
+    k-th message goes out at t_i(k) = max(t_i(k-1), t_{i-1}(k-1) + hop into i) (+ its reduction,
+    on a step that reduces), its first at the start of its chunk, the earliest it has a free slot;
+    a chunk ends on a member at its last message received (and reduced)."""
+    n = len(hops)
+    steps, message, reducing = model.ring_steps(comm_type, chunk, n)
+    into = np.roll(np.array([model.routed_ns(route, message) for route in hops]), 1)  # into[i]: i-1 -> i
+    reduction = model.reduction_ns(message)
+    members = np.arange(n)
+    lanes = np.zeros((model.active, n))
+    for _ in range(count):
+        lane = lanes.argmin(axis=0)  # each member's first free slot
+        t = lanes[lane, members]
+        k, lap = 0, None
+        while k < steps:
+            t = np.maximum(np.roll(t, 1) + into, t) + (reduction if k < reducing else 0.0)
+            k += 1
+            if k > reducing and (k - reducing) % n == 0:
+                # past the reductions every step is the same map, which commutes with adding a
+                # constant: once a lap of n steps adds the same time to every member, so does each
+                # lap after it (all-to-all's n(n-1)/2 steps in a few laps)
+                if lap is not None:
+                    gained = t - lap
+                    if np.ptp(gained) <= 1e-9 * max(1.0, float(gained.max())):
+                        laps = (steps - k) // n
+                        t, k = t + laps * gained, k + laps * n
+                lap = t.copy()
+        lanes[lane, members] = t
+    return float(lanes.max())
 
 
 def _pipeline(stages: Sequence[tuple[int, float]], chunks: int, slots: int) -> float:
