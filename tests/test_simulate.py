@@ -18,7 +18,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,10 +244,153 @@ def test_idle_lasts_until_the_slowest_rank_finishes(tmp_path, mlp_traces):
 
 
 def test_a_run_that_loses_ranks_is_an_error(tmp_path, mlp_traces):
-    run = flint("simulate", mlp_traces("2x4"), "--astra-sim", stand_in(tmp_path, 5, "SEGV"), "-o", tmp_path / "sim")
+    run = flint("simulate", mlp_traces("2x4"), "--astra-sim", stand_in(tmp_path, 5, "SEGV"), "-o", tmp_path / "sim",
+                env=temp_dir(tmp_path))
     assert run.returncode == 2
     assert run.stderr.startswith("error: ASTRA-sim stopped with 5 of 8 ranks finished")
     assert len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "sim").exists()
+
+
+# -- all or nothing, and --timeout ------------------------------------------------------------------
+
+
+def temp_dir(tmp_path: Path) -> dict[str, str]:
+    """The environment with TMPDIR in tmp_path, where a failed run's files are kept."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+
+
+def slow_simulator(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for an ASTRA-sim that takes 60 s: a script that starts `sleep 60` and waits for
+    it; and the file where it writes the sleep's process id once it runs."""
+    pid = tmp_path / "sleep.pid"
+    script = tmp_path / "slow-astra-sim"
+    script.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pid}\nwait\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, pid
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a killed orphan may linger unreaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (hidden ones too) by relative path, with its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_the_timeout_stops_astra_sim_and_what_it_started(tmp_path, mlp_traces):
+    """--timeout 1 on a simulator that takes 60 s: stopped after 1 s, not when its output closes
+    (before, the limit applied only after ASTRA-sim's output closed: the run took the 60 s and gave
+    a result), its child killed with it, one line saying what to do, and nothing written."""
+    script, pid = slow_simulator(tmp_path)
+    started = time.monotonic()
+    run = flint("simulate", mlp_traces("2x4"), "--astra-sim", script, "--timeout", "1", "-o", tmp_path / "sim",
+                env=temp_dir(tmp_path))
+    assert time.monotonic() - started < 20
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == ("error: ASTRA-sim ran past --timeout 1 s with 0 of 8 ranks finished, and was stopped: "
+                          "raise --timeout, or leave it out to wait for the end\n")
+    assert not running(int(pid.read_text()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sleep.pid", "slow-astra-sim", "tmp"]
+    assert not any((tmp_path / "tmp").iterdir())
+
+
+def test_a_failed_run_leaves_the_earlier_output_as_it_was(tmp_path, mlp_traces):
+    """An earlier simulation on the flat network in O; ASTRA-sim on hgx-a100 fails (exit 1): O is
+    as it was (before, it held hgx-a100's network.yml beside flat's result.json), and the failed
+    run's files are kept where the error line says. A run that succeeds replaces O whole: nothing
+    of the one before it stays (here ASTRA-sim's output, which the estimator does not write)."""
+    traces, out = mlp_traces("2x4"), tmp_path / "O"
+    simulate(traces, "--network", "flat", "-o", out)
+    before = tree(out)
+    failing = tmp_path / "failing-astra-sim"
+    failing.write_text("#!/bin/sh\necho 'cannot read the workload' >&2\nexit 1\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IEXEC)
+    run = flint("simulate", traces, "--network", "hgx-a100", "--engine", "astra-sim", "--astra-sim", failing,
+                "-o", out, env=temp_dir(tmp_path))
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("error: ASTRA-sim stopped with 0 of 8 ranks finished (exit 1: cannot read the "
+                                 "workload): its inputs and output are kept in ")
+    assert tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["O", "failing-astra-sim", "tmp"]  # no staging left
+    (kept,) = (tmp_path / "tmp").iterdir()
+    assert f"kept in {kept};" in run.stderr
+    assert (kept / "stderr.txt").read_text() == "cannot read the workload\n"
+    assert "hgx-a100" in (kept / "network.yml").read_text()
+    simulate(traces, "--astra-sim", stand_in(tmp_path, 8, "ABRT"), "-o", out)
+    assert (out / "stdout.txt").exists()
+    result = simulate(traces, "--network", "flat", "-o", out)
+    assert set(tree(out)) == {"system.json", "network.yml", "memory.json", "logging.toml", "result.json"}
+    assert json.loads((out / "result.json").read_text()) == result
+
+
+def test_a_directory_holding_other_files_is_not_replaced(tmp_path, mlp_traces):
+    """A simulation replaces its directory whole, so -o at one that holds anything it does not
+    write is refused up front, the directory as it was (before, the inputs joined its files)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    run = flint("simulate", mlp_traces("2x4"), "-o", out)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "holds 'notes.txt', which flint simulate does not write" in run.stderr
+    assert tree(out) == {"notes.txt": b"mine\n"}
+
+
+@pytest.mark.parametrize("signum, earlier", [(signal.SIGINT, False), (signal.SIGTERM, True)],
+                         ids=["sigint-new", "sigterm-earlier"])
+def test_an_interrupted_run_leaves_nothing(tmp_path, mlp_traces, signum, earlier):
+    """SIGINT or SIGTERM while ASTRA-sim runs: it stops within seconds (the simulator's process
+    group killed), exit 128 + the signal, and -o is as it was: absent, or an earlier simulation's
+    (before, a new directory was left with the inputs and ASTRA-sim's half-written output)."""
+    traces, out = mlp_traces("2x4"), tmp_path / "out"
+    if earlier:
+        simulate(traces, "-o", out)
+    before = tree(out) if earlier else None
+    script, pid = slow_simulator(tmp_path)
+    run = subprocess.Popen([sys.executable, "-m", "flint", "simulate", str(traces), "--astra-sim", str(script),
+                            "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=temp_dir(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid.exists() and pid.read_text().strip()):  # ASTRA-sim runs, in the staging directory
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.01)
+        run.send_signal(signum)
+        _, stderr = run.communicate(timeout=10)
+    finally:
+        run.kill()
+        run.communicate()
+    assert run.returncode == 128 + signum, stderr
+    assert not running(int(pid.read_text()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] * earlier + ["sleep.pid", "slow-astra-sim", "tmp"]
+    assert not any((tmp_path / "tmp").iterdir())
+    if earlier:
+        assert tree(out) == before
+
+
+def test_a_set_of_one_file_per_class_gets_no_astra_sim_command(tmp_path):
+    """mlp on 2x4 with --rank-files classes holds one rank file (one class), which ASTRA-sim cannot
+    run: the estimator's result says why in one line instead of printing a command that reads
+    mlp.1.et, which is not there."""
+    traces = tmp_path / "classes"
+    extract(EXAMPLES / "mlp.py", "2x4", traces, "--rank-files", "classes")
+    assert not (traces / "mlp.1.et").exists()
+    for engine in ("flint", "auto"):
+        run = flint("simulate", traces, "--engine", engine, "-o", tmp_path / "sim", env=without_simulator())
+        assert run.returncode == 0, run.stderr
+        assert "--workload-configuration" not in run.stdout and "; run" not in run.stdout
+        assert ("note: the set holds one file per rank class (flint extract --rank-files classes), which Flint's "
+                "estimator reads; ASTRA-sim needs every rank's: extract again with --rank-files all\n") in run.stdout
+        assert run.stdout.endswith(f"ASTRA-sim's inputs and result.json are in {(tmp_path / 'sim').resolve()}\n")
+    result = simulate(traces, "-o", tmp_path / "sim", env=without_simulator())
+    assert result["command"] is None and "--rank-files all" in result["notes"][-1]
 
 
 def test_a_trace_that_breaks_the_contract_is_refused_with_nothing_written(tmp_path):

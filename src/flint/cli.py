@@ -794,12 +794,13 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
               help="ASTRA-sim's AstraSim_Analytical_Congestion_Unaware binary (or a wrapper) "
                    "[default: $ASTRA_SIM, else astra-sim on PATH].")
 @click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
-              help="Where ASTRA-sim's inputs, logs and result.json go [default: DIRECTORY/astra-sim].")
+              help="Where ASTRA-sim's inputs, logs and result.json go, replacing an earlier simulation's only "
+                   "once this one succeeded [default: DIRECTORY/astra-sim].")
 @click.option("--prefix", help="Trace name prefix, when the directory holds several traces.")
 @click.option("--estimate/--no-estimate", default=True, show_default=True,
               help="With ASTRA-sim, also give the estimator's step (flint timeline's) on the same network.")
 @click.option("--timeout", type=FiniteFloat(min=0, min_open=True), metavar="SECONDS",
-              help="Stop ASTRA-sim after this long.")
+              help="Stop ASTRA-sim (and what it started) when it runs longer than this, and fail.")
 @click.option("--engine", type=click.Choice(["flint", "astra-sim", "auto"]),
               help="What gives the step [default: flint; astra-sim with --astra-sim]: Flint's estimator (flint timeline's schedule, collectives as "
                    "--collectives says; the more faithful to real clusters), ASTRA-sim (handed the closest "
@@ -835,13 +836,29 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
                               system=system, simulator=simulator, output=output, prefix=prefix, estimate=estimate,
                               timeout=timeout, groups=groups_file,
                               engine=engine or ("astra-sim" if simulator else "flint"), collectives=collectives)
-    with _progress(as_json) as bars:
-        task = bars.add_task("simulating ranks", total=None)
-        result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))
+
+    def terminate(signum, frame) -> NoReturn:
+        raise _Terminated  # stops ASTRA-sim and removes what was staged, as Ctrl-C does
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        with _progress(as_json) as bars:
+            task = bars.add_task("simulating ranks", total=None)
+            result = run_simulation(request, lambda done, total: bars.update(task, completed=done, total=total))
+    except _Terminated:
+        stderr.print("[bold red]terminated[/]")
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
         stdout.print(simulation_view(result))
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM during `flint simulate`: unwinds as Ctrl-C does (ASTRA-sim's process group killed,
+    the staging directory removed), then exits 143."""
 
 
 def _check_plot_directory(plot: Path, output: Path) -> None:

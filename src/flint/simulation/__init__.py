@@ -7,7 +7,7 @@ runs them, and each rank's step, compute, exposed communication and idle time fr
 ran: Flint's estimator (`flint.step`'s schedule with collectives as NCCL runs them, by default), or
 ASTRA-sim, beside whose step the estimator's stands.
 
-May import: the foundation, `trace`, `step`.
+May import: the foundation, `trace`, `step`, and `emit`'s all-or-nothing output directories.
 """
 
 from flint.simulation.driver import SimulateRequest, Simulation, simulate

@@ -12,6 +12,10 @@ faithful: ASTRA-sim's rings per dimension are far from what NCCL does (see docs/
 every rank's file (not one per rank class, `flint extract --rank-files classes`), the estimator
 otherwise; the result says which ran. Beside ASTRA-sim's result stands the estimator's,
 so a user sees how far apart they are.
+
+The output directory appears whole or not at all: everything is written into a staging directory
+beside it (`flint.emit.writer`'s, as a trace is), which replaces it when the simulation succeeded
+and is removed otherwise, leaving an earlier simulation's output as it was.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flint.devices import load_device
+from flint.emit.writer import OutputDir, disk_errors, prepare_output
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.run import RankResult, find_simulator, run_simulator
@@ -39,6 +45,10 @@ from flint.trace.timing import Compute, Link, NodeTimer, recorded_device
 
 RESULT = "result.json"
 """The report's file in the simulation's directory."""
+WRITTEN = frozenset({"system.json", "network.yml", "memory.json", "logging.toml", RESULT, "stdout.txt", "stderr.txt",
+                     "log"})
+"""What a simulation's directory holds (ASTRA-sim's inputs, its output and logs, the report): one
+holding anything else is not replaced."""
 ENGINES = ("flint", "astra-sim", "auto")
 """`flint simulate --engine`: the estimator, ASTRA-sim, or ASTRA-sim where it is found and within
 reach, else the estimator."""
@@ -73,7 +83,8 @@ class SimulateRequest:
 @dataclass(frozen=True)
 class Simulation:
     """The outcome: the inputs written, and the per-rank times of the engine that ran (`astra-sim`
-    or `flint`; none ran when ASTRA-sim was asked for and not found)."""
+    or `flint`; none ran when ASTRA-sim was asked for and not found). `runnable`: whether ASTRA-sim
+    can run the inputs (not on a set of one file per rank class, which a note says)."""
 
     inputs: SimulationInputs
     simulator: Path | None
@@ -84,6 +95,7 @@ class Simulation:
     seconds: float | None = None
     notes: Sequence[str] = ()
     collectives: str = "nccl"
+    runnable: bool = True
 
     @property
     def ran(self) -> bool:
@@ -105,7 +117,7 @@ class Simulation:
             "device": self.inputs.device.name,
             "mode": "roofline" if self.inputs.roofline else "replay",
             "simulator": str(self.simulator) if self.simulator else None,
-            "command": self.inputs.shell_command(self.simulator or "astra-sim"),
+            "command": self.inputs.shell_command(self.simulator or "astra-sim") if self.runnable else None,
             "files": {key: str(path) for key, path in self.inputs.files.items()},
             "step_us": slowest.wall / 1e3 if slowest else None,
             "slowest_rank": slowest.rank if slowest else None,
@@ -158,6 +170,9 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
              for found in [model.unmodelled()] if found]
     if files.one_per_class and request.engine == "astra-sim":
         raise FlintError(f"{request.directory}: {PER_CLASS_SET}")
+    if files.one_per_class:  # ASTRA-sim's inputs are written all the same, but it cannot run them
+        notes.append(PER_CLASS_SET)
+    _check_output(inputs.directory)  # before the slow work
     simulator = find_simulator(request.simulator) if request.engine != "flint" and not files.one_per_class else None
     use_flint = request.engine == "flint" or (
         request.engine == "auto" and (simulator is None or files.num_ranks > ASTRA_SIM_MAX_RANKS))
@@ -165,27 +180,81 @@ def simulate(request: SimulateRequest, on_progress: Callable[[int, int], None] =
         began = time.perf_counter()
         step, ranks = estimate(files, compute, model)
         seconds = time.perf_counter() - began
-        inputs.write()  # once the trace is known to be sound: a refused one is left as it was
-        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes, request.collectives)
-        (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
+        simulation = Simulation(inputs, simulator, ranks, step, None, "flint", seconds, notes, request.collectives,
+                                runnable=not files.one_per_class)
+        with _staged(inputs) as staged:  # once the trace is known to be sound: a refused one is left as it was
+            staged.write()
+            _write_result(staged, simulation)
         return simulation
     estimated = estimate(files, compute, model)[0] if request.estimate else None
-    inputs.write()
-    if simulator is None:
-        return Simulation(inputs, None, [], estimated, None, notes=notes, collectives=request.collectives)
-    multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
-    began = time.perf_counter()
-    run = run_simulator(inputs.command(simulator), inputs.directory, files.num_ranks, multi_group,
-                        lambda done: on_progress(done, files.num_ranks), request.timeout)
-    known = None
-    if run.returncode != 0:
-        known = (f"ASTRA-sim crashed at teardown (exit {run.returncode}) after every rank finished: a "
-                 "known upstream issue with ranks in two or more communicator groups; the results are complete")
-    simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimated, known,
-                            "astra-sim", time.perf_counter() - began, notes if estimated is not None else [],
-                            request.collectives)
-    (inputs.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
+    with _staged(inputs) as staged:
+        staged.write()
+        if simulator is None:
+            return Simulation(inputs, None, [], estimated, None, notes=notes, collectives=request.collectives)
+        multi_group = max(Counter(r for ranks in files.groups.values() for r in ranks).values(), default=0) >= 2
+        began = time.perf_counter()
+        # in the staging directory, by its paths; the result names the inputs where they will be
+        run = run_simulator(staged.command(simulator), staged.directory, files.num_ranks, multi_group,
+                            lambda done: on_progress(done, files.num_ranks), request.timeout)
+        known = None
+        if run.returncode != 0:
+            known = (f"ASTRA-sim crashed at teardown (exit {run.returncode}) after every rank finished: a known "
+                     "upstream issue with ranks in two or more communicator groups; the results are complete")
+        simulation = Simulation(inputs, simulator, [run.ranks[r] for r in range(files.num_ranks)], estimated, known,
+                                "astra-sim", time.perf_counter() - began, notes if estimated is not None else [],
+                                request.collectives)
+        _write_result(staged, simulation)
     return simulation
+
+
+def _write_result(staged: SimulationInputs, simulation: Simulation) -> None:
+    (staged.directory / RESULT).write_text(json.dumps(simulation.as_json(), indent=2) + "\n")
+
+
+def _check_output(target: Path) -> None:
+    """Refuse an output directory that a simulation cannot replace whole: one holding anything but
+    an earlier simulation's files, or the current directory, or where no directory can be made."""
+    try:
+        foreign = sorted(e.name for e in target.iterdir() if e.name not in WRITTEN) if target.is_dir() else []
+    except OSError as exc:
+        raise FlintError(f"cannot read output directory {str(target)!r}: {exc.strerror}: choose another -o") from None
+    if foreign:
+        raise FlintError(f"output directory {str(target)!r} holds {foreign[0]!r}, which flint simulate does not "
+                         "write, and a simulation replaces the directory whole: choose another -o (a new or empty "
+                         "directory, or an earlier simulation's)")
+    if target.parent.is_dir():  # else its missing parents are made when the simulation is written
+        prepare_output(target, force=True)
+
+
+@contextmanager
+def _staged(inputs: SimulationInputs) -> Iterator[SimulationInputs]:
+    """`inputs` in a staging directory beside their own (and its missing parents, made here), which
+    replaces it when the block ends and is removed if it raises (or is interrupted), with the
+    parents made, leaving an earlier output as it was."""
+    target = inputs.directory
+    made = []
+    try:
+        for parent in reversed([p for p in target.parents if not p.exists()]):
+            parent.mkdir()
+            made.append(parent)
+    except OSError as exc:
+        _remove(made)
+        raise FlintError(f"cannot create {str(target)!r}: {exc.strerror}: choose another -o") from None
+    try:
+        with disk_errors(target), OutputDir(target) as output:
+            yield replace(inputs, directory=output.staging)
+    except BaseException:
+        _remove(made)
+        raise
+
+
+def _remove(made: list[Path]) -> None:
+    """Remove the directories `made` (each inside the one before), as far as they are still empty."""
+    for directory in reversed(made):
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 def _manifest(files: TraceFiles) -> dict:

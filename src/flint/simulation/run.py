@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,41 +117,93 @@ def run_simulator(command: list[str], workdir: Path, num_ranks: int, multi_group
                   on_finished: Callable[[int], None] = lambda done: None,
                   timeout: float | None = None) -> SimulatorRun:
     """Run `command` in `workdir`, reading rank results as they are printed (`on_finished` gets
-    the count so far), and check it ran to the end of every rank."""
+    the count so far), and check it ran to the end of every rank.
+
+    ASTRA-sim runs in a process group of its own, which is killed whole (a wrapper script and the
+    simulator it started) when it runs past `timeout` seconds, or when this process is interrupted
+    (Ctrl-C reaches only the terminal's foreground group, which it has left). `workdir` is a
+    staging directory its caller discards on any error: a run that fails is kept, its files moved
+    into a new temporary directory that the error names; a timed-out or interrupted one is not."""
     run = SimulatorRun()
     stderr_path = workdir / "stderr.txt"
-    with open(workdir / "stdout.txt", "w") as log, open(stderr_path, "w") as errors:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with open(workdir / "stdout.txt", "wb") as log, open(stderr_path, "wb") as errors:
         try:
-            process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=errors, text=True,
-                                       errors="replace")
+            process = subprocess.Popen(command, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=errors, start_new_session=True)
         except OSError as exc:
             raise FlintError(f"cannot run ASTRA-sim {command[0]!r}: {exc.strerror}") from None
         try:
             done = 0
-            for line in process.stdout:
+            for line in _lines(process.stdout.fileno(), deadline):
                 log.write(line)
-                if run.read_line(line) is not None:
+                if run.read_line(line.decode(errors="replace")) is not None:
                     done += 1
                     on_finished(done)
-            run.returncode = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise FlintError(f"ASTRA-sim ran past --timeout {timeout:g} s: its output is in {workdir}") from None
+            run.returncode = process.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+        except (_PastDeadline, subprocess.TimeoutExpired):
+            _kill_group(process)
+            raise FlintError(f"ASTRA-sim ran past --timeout {timeout:g} s with {run.finished(num_ranks)} of "
+                             f"{num_ranks} ranks finished, and was stopped: raise --timeout, or leave it out to "
+                             "wait for the end") from None
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            _kill_group(process)  # anything of the group still running: on an interrupt, all of it
+            process.stdout.close()
     run.stderr_tail = _last_line(stderr_path.read_text(errors="replace"))
     finished = run.finished(num_ranks)
     if finished < num_ranks:
         why = f"exit {run.returncode}" + (f": {run.stderr_tail}" if run.stderr_tail else "")
         raise FlintError(f"ASTRA-sim stopped with {finished} of {num_ranks} ranks finished ({why}): "
-                         f"its output is in {workdir}; `flint check` the trace")
+                         f"its inputs and output are kept in {_keep(workdir)}; `flint check` the trace")
     if run.returncode != 0 and not (run.crashed_at_teardown and multi_group):
         raise FlintError(f"ASTRA-sim exited {run.returncode} after every rank finished: {run.stderr_tail} "
-                         f"(its output is in {workdir})")
+                         f"(its inputs and output are kept in {_keep(workdir)})")
     return run
+
+
+class _PastDeadline(Exception):
+    """The run's --timeout passed while its output was still open."""
+
+
+def _lines(fd: int, deadline: float | None) -> Iterator[bytes]:
+    """The lines read from `fd` until it closes, each as soon as it is whole; `_PastDeadline` once
+    `deadline` (of `time.monotonic`) passes first."""
+    pending = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0 or not selector.select(wait):
+                    raise _PastDeadline
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            *whole, pending = (pending + chunk).split(b"\n")
+            for line in whole:
+                yield line + b"\n"
+    if pending:
+        yield pending
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill the process group `process` leads (the simulator, a wrapper, and whatever they started)
+    and reap `process`. No other group can take its id while one of this group lives; once none
+    does, there is nothing to kill."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
+def _keep(workdir: Path) -> Path:
+    """Move a failed run's files out of the staging directory `workdir` (discarded after) into a new
+    temporary directory, for the user to look into; where they went."""
+    kept = Path(tempfile.mkdtemp(prefix="flint-astra-sim-failed-"))
+    for entry in workdir.iterdir():
+        shutil.move(entry, kept / entry.name)
+    return kept
 
 
 def _last_line(text: str) -> str:

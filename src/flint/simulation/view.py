@@ -67,7 +67,9 @@ def simulation_view(simulation: Simulation) -> Group:
         lines.append(Text(f"note: {simulation.known_issue}", style="yellow"))
     for note in simulation.notes:
         lines.append(Text(f"note: {note}", style="yellow"))
-    if simulation.engine == "flint":
+    if simulation.engine == "flint" and not simulation.runnable:  # a note above says why
+        lines.append(Text(f"ASTRA-sim's inputs and result.json are in {inputs.directory}"))
+    elif simulation.engine == "flint":
         lines.append(Text(f"ASTRA-sim's inputs and result.json are in {inputs.directory}; run"))
         lines.append(Text("  " + inputs.shell_command(simulation.simulator or "astra-sim")))
     else:
