@@ -703,7 +703,8 @@ def _run_text(program: str, rows: str, footer: str = "# Out of bounds values : 0
             f"{footer}# Avg bus bandwidth    : 0.1\n#\n")
 
 
-ROW = "     1048576        262144     float     sum      -1    27.37   38.31   67.04      0    26.91   38.96   68.18      0\n"
+ROW = ("     1048576        262144     float     sum      -1    27.37   38.31   67.04      0"
+       "    26.91   38.96   68.18      0\n")
 
 
 @pytest.mark.parametrize("name, text, words", [
@@ -717,7 +718,7 @@ ROW = "     1048576        262144     float     sum      -1    27.37   38.31   6
     ("all_reduce_perf.txt", _run_text("all_reduce_perf", ROW, "# Out of bounds values : 0 OK\n" * 2),
      "holds 2 runs' footers"),
     ("all_reduce_perf.txt", _run_text("all_reduce_perf", ROW, "# Out of bounds values : 1 FAILED\n"),
-     "nccl-tests found 1 values out of bounds: its times are not those of a correct all_reduce"),
+     "nccl-tests found 1 value out of bounds: its times are not those of a correct all_reduce"),
 ], ids=["name and header", "unfitted program", "no program", "a size twice", "ranks twice", "two footers",
         "out of bounds"])
 def test_files_that_are_not_one_run_of_a_fitted_program_are_one_line(tmp_path, name, text, words):

@@ -123,8 +123,8 @@ def read_nccl_tests(path: Path) -> NcclTestsRun:
         raise FlintError(f"{path}: holds {len(footers)} runs' footers ('Out of bounds values'): give each run's "
                          "output in a file of its own")
     if sum(footers):
-        raise FlintError(f"{path}: nccl-tests found {footers[0]} values out of bounds: its times are not those of "
-                         f"a correct {named}: give a run without them")
+        raise FlintError(f"{path}: nccl-tests found {footers[0]} value{'s' * (footers[0] > 1)} out of bounds: its "
+                         f"times are not those of a correct {named}: give a run without them")
     listed = _RANK.findall(text)
     ranks = {int(rank): host for rank, host in listed}
     if len(ranks) < len(listed):

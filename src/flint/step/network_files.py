@@ -221,8 +221,8 @@ def parse_network(data: dict, origin: str) -> NetworkFile:
             sources=sources_field(data),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise FlintError(f"network file {origin!r} is not valid: "
-                         f"{invalid(exc, 'it needs name, [node] bus_gbps, and in a [scale_out] nics and nic_gbps')}") from None
+        needs = "it needs name, [node] bus_gbps, and in a [scale_out] nics and nic_gbps"
+        raise FlintError(f"network file {origin!r} is not valid: {invalid(exc, needs)}") from None
     return network
 
 
