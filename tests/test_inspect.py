@@ -107,6 +107,21 @@ def test_dot_text_has_every_node_and_dependency(tmp_path: Path) -> None:
     assert "all_reduce group 1" in text and "5.0 µs" in text and "comm_send 1 -> 2 tag 7" in text
 
 
+def test_graph_draws_a_collective_no_groups_file_gives_as_untimed(tmp_path: Path) -> None:
+    """Without the groups file, rank 0's all-reduce on group 1 cannot be timed: it was drawn as
+    taking 0.0 µs with exit 0 and no word, where inspect warns and timeline refuses. The all-gather
+    and broadcast (on all ranks) are still timed."""
+    trace = valid_trace()
+    trace.groups = None
+    directory = trace.write(tmp_path)
+    run = flint("graph", directory, "--rank", "0", "-o", tmp_path / "g.dot")
+    assert run.returncode == 0, run.stderr
+    text = (tmp_path / "g.dot").read_text()
+    assert text.count("untimed: no group") == 1 and "all_reduce group 1\\n1,024 B\\nuntimed: no group" in text
+    assert "warning: 1 collective names a group that no groups file gives" in run.stderr
+    assert "drawn untimed" in run.stderr
+
+
 def test_graph_command(tmp_path: Path) -> None:
     directory = valid_trace().write(tmp_path)
     run = flint("graph", directory, "--rank", "2", "-o", tmp_path / "g.dot")

@@ -12,7 +12,10 @@ import re
 
 import pytest
 
+from flint.devices import BUILTIN as DEVICES
 from flint.errors import FlintError
+from flint.step.models import collective_model
+from flint.step.nccl import NcclModel, Placement
 from flint.step.network import Dimension, network_for
 
 NVLINK = ("Switch", 400.0, 936.25)
@@ -38,6 +41,9 @@ def dims(*rows):
         ([("data", 3), ("one", 1), ("tensor", 4)], dims((NVLINK, 4, ("tensor",)), (SCALE_OUT, 3, ("data",)))),
         # 6 ranks fit in one node of 8, whatever divides what: one node holds them all
         ([("data", 3), ("tensor", 2)], dims((NVLINK, 6, ("tensor", "data")))),
+        # tensor 6 does not divide a node of 8: a node holds one group, 2 GPUs idle (before, 2 of
+        # each group a node, the group across 3 nodes)
+        ([("data", 2), ("tensor", 6)], dims((NVLINK, 6, ("tensor",)), (SCALE_OUT, 2, ("data",)))),
     ],
 )
 def test_hgx_lays_the_innermost_axes_in_a_node(axes, expected):
@@ -56,6 +62,11 @@ def test_ranks_that_fit_in_one_nvl72_rack_share_it():
     # 144 ranks (data 18) span two racks: tensor 8 and data's low 9 in a rack, its high 2 across
     network = network_for("nvl72", [("data", 18), ("tensor", 8)])
     assert [(d.npus, d.axes) for d in network.dimensions] == [(72, ("tensor", "data")), (2, ("data",))]
+    # 128 ranks (data 16): 9 places are left beside tensor's 8, and data's largest factor that fits
+    # is 8, so two racks of 64 (8 GPUs of each idle); before, 16 nodes of 8, as on hgx-b200
+    network = network_for("nvl72", [("data", 16), ("tensor", 8)])
+    assert [(d.npus, d.axes) for d in network.dimensions] == [(64, ("tensor", "data")), (2, ("data",))]
+    assert NcclModel(network).group_shape(range(0, 128, 8)) == Placement(16, 2)
 
 
 def test_network_yaml_is_astra_sims_format():
@@ -104,3 +115,15 @@ def test_a_network_of_one_node_holds_its_gpus_and_no_more(tmp_path):
     with pytest.raises(FlintError, match=re.escape(expected)):
         network_for(str(path), [("data", 4), ("tensor", 4)])
     assert network_for("flat", [("data", 8), ("tensor", 8)]).dimensions == dims((NVLINK, 64, ("tensor", "data")))
+
+
+def test_nccls_model_refuses_a_yaml_of_three_dimensions(tmp_path):
+    """NCCL's model knows a node and the NICs between nodes; a third dimension's bandwidth was
+    ignored without a word (the step the same at 0.01 and 1,000 GB/s). ASTRA-sim's model takes it."""
+    path = tmp_path / "three.yml"
+    path.write_text("topology: [ Switch, Switch, Switch ]\nnpus_count: [ 4, 2, 2 ]\nbandwidth: [ 300, 50, 0.01 ]\n"
+                    "latency: [ 500, 1000, 3000 ]\n")
+    network = network_for(str(path), [("pp", 2), ("data", 2), ("tensor", 4)])
+    with pytest.raises(FlintError, match=r"has 3 dimensions, and NCCL's model knows two .*--collectives astra-sim"):
+        collective_model("nccl", network, DEVICES["h100"])
+    assert collective_model("astra-sim", network, DEVICES["h100"]).network is network

@@ -16,6 +16,9 @@ link: 1 GB/s (1,000 bytes per µs) and alpha = 2 µs per step. Groups: {"1": [0,
 from __future__ import annotations
 
 import json
+import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -169,6 +172,40 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     assert expected.ranks[0].step == pytest.approx(6 + 2 * step + send)
     assert json.loads(out.read_text())["traceEvents"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_writes_through_a_link_and_into_a_pipe(tmp_path: Path) -> None:
+    """-o is written through a link (its target replaced, the link kept) and into a named pipe as a
+    stream. Before, the rename that keeps a file whole replaced the link, and the pipe, with a
+    regular file: the pipe's reader got nothing."""
+    directory = two_ranks().write(tmp_path)
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("{}")
+    link.symlink_to(target)
+    run = flint("timeline", directory, "-o", link)
+    assert run.returncode == 0, run.stderr
+    assert link.is_symlink() and json.loads(target.read_text())["traceEvents"]
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got: dict[str, bytes] = {}
+    reader = threading.Thread(target=lambda: got.update(data=pipe.read_bytes()), daemon=True)
+    reader.start()
+    run = flint("timeline", directory, "-o", pipe)
+    reader.join(timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and json.loads(got["data"])["traceEvents"]
+
+
+@pytest.mark.parametrize("name", ["flint.0.et", "flint.comm_groups.json", "manifest.json"])
+def test_cli_refuses_to_write_over_its_own_trace(tmp_path: Path, name: str) -> None:
+    """-o DIR/manifest.json (or a rank's file, or the groups) overwrote the trace it was written
+    from, and every later command refused the broken set."""
+    directory = two_ranks().write(tmp_path)
+    before = {path.name: path.read_bytes() for path in directory.iterdir()}
+    run = flint("timeline", directory, "-o", directory / name)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "is a file of the trace it is written from: write it elsewhere" in run.stderr
+    assert {path.name: path.read_bytes() for path in directory.iterdir()} == before
 
 
 def test_cli_refuses_a_trace_that_breaks_the_contract(tmp_path: Path) -> None:

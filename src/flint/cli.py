@@ -448,11 +448,21 @@ class OutputFile(click.Path):
 
 def _write_whole(output: Path, data: bytes) -> None:
     """Write `output` whole or not at all: into a file beside it, renamed over it once written, so
-    that a full disk or an interrupt leaves any earlier file as it was and no fragment of a new one."""
-    staged = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    that a full disk or an interrupt leaves any earlier file as it was and no fragment of a new one.
+    A link is written through (its target replaced), and what is not a regular file (a pipe, a
+    device such as /dev/stdout) is written as a stream, as it cannot be replaced."""
+    target = output.resolve() if output.is_symlink() else output
+    try:
+        if target.exists() and not target.is_file():
+            with open(target, "wb") as stream:
+                stream.write(data)
+            return
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         staged.write_bytes(data)
-        os.replace(staged, output)
+        os.replace(staged, target)
     except OSError as exc:
         raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
     finally:
@@ -647,12 +657,7 @@ def inspect(path, rank, prefix, as_json, groups_file, device_spec, durations, ne
         stderr.print(f"[yellow]warning:[/] {escape(breach)}", highlight=False, soft_wrap=True)
     ungrouped = sum(s.ungrouped for s in summaries)
     if ungrouped and not breach:
-        source = f"{files.groups_path} lacks" if files.groups_path.exists() else \
-            f"no groups file gives ({files.groups_path} does not exist)"
-        counted = "1 collective names" if ungrouped == 1 else f"{ungrouped:,} collectives name"
-        stderr.print(f"[yellow]warning:[/] {escape(f'{counted} a group that {source}')}: "
-                     f"untimed, so not among the heaviest nodes; `{escape(files.check_command())}` lists them",
-                     highlight=False, soft_wrap=True)
+        _warn_ungrouped(files, ungrouped, "untimed, so not among the heaviest nodes")
     if as_json:
         click.echo(json.dumps([s.as_json() for s in summaries], indent=2))
         return
@@ -742,6 +747,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     if plot is not None and plot.resolve() == output.resolve():
         raise FlintError(f"-o and --plot both name {str(output)!r}: give each a file of its own")
     files = _trace_files(directory, prefix, None, groups_file)
+    _refuse_overwriting(files, [output, plot])
     compute = _compute(files, device_spec, durations)
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps,
                                link_latency_us, model=collectives, device=compute.device)
@@ -767,7 +773,8 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
     stdout.print(timeline_view(scheduled))
     if scheduled.represents is not None:
         ranks = sum(len(members) for members in scheduled.represents.values())
-        stdout.print(f"{ranks:,} ranks in {len(scheduled.represents):,} classes: one rank of each scheduled, "
+        classes = len(scheduled.represents)
+        stdout.print(f"{ranks:,} ranks in {classes:,} class{'es' * (classes != 1)}: one rank of each scheduled, "
                      "standing for its class")
     stdout.print(f"wrote {output}" + (f" and {plot}" if plot else ""))
 
@@ -859,6 +866,27 @@ def simulate(directory, network, collectives, roofline, device_spec, system, sim
 class _Terminated(KeyboardInterrupt):
     """SIGTERM during `flint simulate`: unwinds as Ctrl-C does (ASTRA-sim's process group killed,
     the staging directory removed), then exits 143."""
+
+
+def _warn_ungrouped(files, count: int, effect: str) -> None:
+    """Warn of `count` collectives whose group no groups file gives (so nothing can time them)."""
+    source = f"{files.groups_path} lacks" if files.groups_path.exists() else \
+        f"no groups file gives ({files.groups_path} does not exist)"
+    counted = "1 collective names" if count == 1 else f"{count:,} collectives name"
+    stderr.print(f"[yellow]warning:[/] {escape(f'{counted} a group that {source}')}: "
+                 f"{effect}; `{escape(files.check_command())}` lists them", highlight=False, soft_wrap=True)
+
+
+def _refuse_overwriting(files, outputs) -> None:
+    """Refuse an output that is one of the trace set's own files (a rank's trace, its groups, its
+    manifest): writing it would break the trace that every later command reads."""
+    from flint.trace.reader import MANIFEST
+
+    own = [*files.paths, files.groups_path, files.directory / MANIFEST if files.directory else None]
+    inputs = {path.resolve() for path in own if path is not None}
+    for output in outputs:
+        if output is not None and output.resolve() in inputs:
+            raise FlintError(f"{str(output)!r} is a file of the trace it is written from: write it elsewhere")
 
 
 def _check_plot_directory(plot: Path, output: Path) -> None:
@@ -1178,7 +1206,7 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     For small traces: nodes with cost and time, data deps solid, ctrl deps dashed. Nodes are timed
     as inspect and timeline time them: collectives as NCCL runs them on --network.
     """
-    from flint.analysis.dot import write_graph
+    from flint.analysis.dot import untimed, write_graph
     from flint.step.models import reader_collectives
     from flint.trace.timing import Link, NodeTimer
 
@@ -1187,5 +1215,9 @@ def graph(path, rank, output, max_nodes, prefix, groups_file, device_spec, durat
     model = reader_collectives(network, _manifest_of(files), files.num_ranks, link_gbps, link_latency_us,
                                model=collectives, device=compute.device)
     timer = NodeTimer(compute, Link(), files.groups, files.num_ranks, model)
-    write_graph(_read_trace(files, files.paths[0]), timer, output, max_nodes)
+    trace = _read_trace(files, files.paths[0])
+    write_graph(trace, timer, output, max_nodes)
+    ungrouped = sum(1 for node in trace.nodes if untimed(timer, node))
+    if ungrouped:
+        _warn_ungrouped(files, ungrouped, "drawn untimed")
     stdout.print(f"wrote {output}")

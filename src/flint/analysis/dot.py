@@ -40,14 +40,20 @@ def to_dot(trace: RankTrace, timer: NodeTimer) -> str:
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
     ]
     for node in trace.nodes:
-        label = "\n".join((f"{node.id}: {_short(node.name)}", _kind(node, trace.rank), _cost(node),
-                           f"{timer.micros(node):,.1f} µs"))
+        time = "untimed: no group" if untimed(timer, node) else f"{timer.micros(node):,.1f} µs"
+        label = "\n".join((f"{node.id}: {_short(node.name)}", _kind(node, trace.rank), _cost(node), time))
         lines.append(f'  n{node.id} [label="{_escape(label)}", fillcolor="{_FILL.get(node.type, "white")}"];')
     for node in trace.nodes:
         lines += [f"  n{dep} -> n{node.id};" for dep in node.data_deps]
         lines += [f"  n{dep} -> n{node.id} [style=dashed];" for dep in node.ctrl_deps]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def untimed(timer: NodeTimer, node: pb.Node) -> bool:
+    """A collective whose group no groups file gives: nothing can time it (inspect and timeline
+    say so too), so it is not drawn as taking no time."""
+    return node.type == pb.COMM_COLL_NODE and timer.group_ranks(node) is None
 
 
 def write_graph(trace: RankTrace, timer: NodeTimer, path: str | os.PathLike[str], max_nodes: int) -> None:

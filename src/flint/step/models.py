@@ -34,6 +34,10 @@ def collective_model(model: str, network: Network, device: Device,
     if model not in COLLECTIVE_MODELS:
         raise FlintError(f"unknown --collectives {model!r}: use one of {', '.join(COLLECTIVE_MODELS)}")
     if model == "nccl":
+        if len(network.dimensions) > 2:  # only an ASTRA-sim YAML has more: a network file has two tiers
+            raise FlintError(f"network {network.name} has {len(network.dimensions)} dimensions, and NCCL's model "
+                             "knows two (a node, and the NICs between nodes): give --collectives astra-sim, or a "
+                             "network file (.toml) of the cluster")
         return NcclModel(network)
     keys = {**SYSTEM, **(system or {})}
     return CollectiveModel(network, keys.get("local-mem-bw", device.mem_bw_gbps), keys)

@@ -181,18 +181,18 @@ def network_for(spec: str, axes: Sequence[tuple[str, int]]) -> Network:
 def _lay_out(tiers: Sequence[Tier], axes: Sequence[tuple[str, int]]) -> tuple[Dimension, ...]:
     """One dimension per tier, over the mesh axes (innermost first), or their low factors, that fit
     in its domain; the last tier takes the rest. Once an axis spills over, every outer axis is
-    outside too: a domain is a block of consecutive ranks. An axis fits where the domain's room is
-    a multiple of it (so that no group straddles two domains), or where it and every outer axis fit
-    in the room together: then every rank left shares one domain (64 ranks in a 72-GPU NVL72 rack)."""
+    outside too: a domain is a block of consecutive ranks. Of an axis, the largest factor that fits
+    in the room left goes inside, so that a domain holds whole groups of the axes inside it and
+    leaves GPUs idle where they do not divide it: 64 ranks in a 72-GPU NVL72 rack, or tensor 8 x
+    data 16 as two racks of 64 (not 16 nodes of 8, as a factor that divides the room would give)."""
     pending = [(name, size) for name, size in reversed(axes) if size > 1]
     dimensions = []
     for index, tier in enumerate(tiers):
         last = index == len(tiers) - 1
         room, npus, names = tier.size or 1, 1, []
         outside: list[tuple[str, int]] = []
-        for position, (name, size) in enumerate(pending):
-            rest = math.prod(size for _, size in pending[position:])
-            inside = 1 if outside else size if last or rest <= room else math.gcd(size, room)
+        for name, size in pending:
+            inside = 1 if outside else size if last else _largest_factor(size, room)
             if inside > 1:
                 npus, room, names = npus * inside, room // inside, [*names, name]
             if inside < size:
@@ -202,6 +202,11 @@ def _lay_out(tiers: Sequence[Tier], axes: Sequence[tuple[str, int]]) -> tuple[Di
         pending = outside
     first = tiers[0]
     return tuple(dimensions) or (Dimension(first.topology, 1, first.bandwidth_gbps, first.latency_ns),)
+
+
+def _largest_factor(size: int, room: int) -> int:
+    """The largest factor of `size` that is at most `room`."""
+    return max(f for f in range(1, min(size, room) + 1) if size % f == 0)
 
 
 def read_network(path: Path) -> Network:
@@ -230,7 +235,8 @@ def read_network(path: Path) -> Network:
 
 def _cluster_of(dimensions: Sequence[Dimension], name: str) -> NetworkFile:
     """What NCCL's model times on for a network given as ASTRA-sim's dimensions: dimension 0 is a
-    node of NVLink-connected GPUs at its bandwidth, the others one NIC per GPU at dimension 1's."""
+    node of NVLink-connected GPUs at its bandwidth, the second one NIC per GPU at its own (a third
+    NCCL's model refuses: `flint.step.models.collective_model`)."""
     first = dimensions[0]
     node = NodeTier(first.npus if len(dimensions) > 1 else None, "nvlink", first.bandwidth_gbps * GIB / 1e9,
                     astra_sim_gbps=first.bandwidth_gbps, astra_sim_latency_ns=first.latency_ns)
