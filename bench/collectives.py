@@ -1,7 +1,9 @@
 """Flint's collectives beside NCCL's measured ones: one line per size, modelled / measured.
 
-    python bench/collectives.py [--calibration ../shared/calibration/nccl]
-                                [FILE ... --network NETWORK [--ranks N] [--nodes M]]
+    python bench/collectives.py [--calibration DIR] [FILE ... [--network NETWORK] [--ranks N] [--nodes M]]
+
+(`--calibration`: ../shared/calibration/nccl beside the repository unless given; `--network`: hgx
+unless given; `--help` says what each option means.)
 
 1. The 8x H100 all_reduce_perf sample (`h100_8gpu_all_reduce_perf.txt`, in-place times) on the
    `hgx` network, with the targets: within 15% from 16 MB to 16 GB, within 35% from 8 B to 8 MB.
@@ -33,8 +35,15 @@
 5. Runs of one cluster at two sizes (`transfer.toml`): `flint calibrate --network` fitted to the
    smaller, the larger beside the network before and after the fit: how far a fit on a small
    allocation carries to more nodes (worst and median ratio by size band).
-6. Any nccl-tests output given (`FILE ...`) on `--network`, ranks and nodes from the files'
-   headers or `--ranks` / `--nodes`.
+6. Any nccl-tests output given (`FILE ...`) on `--network`, its ranks and nodes from its `#  Rank`
+   lines, else `--ranks` and `--nodes` (1 unless given), placed as `flint calibrate --network`
+   places them, with its checks (flint.analysis.calibrate_network): ranks that do not divide over
+   the nodes or outnumber the GPUs the network's nodes hold are refused, and so are `--ranks` and
+   `--nodes` where every file lists its own ranks.
+
+Every input (the files, the network, ranks and nodes, the calibration folder) is read and checked,
+and the files' lines computed, before anything is printed: a bad one is one line on stderr
+(`error: ...`, saying what is wrong and what to do) and exit status 2, as Flint's commands do.
 
 Every figure is computed in this run by Flint's model of NCCL (flint.step.nccl), as `flint
 simulate`, `flint timeline`, `flint inspect` and `flint sweep` time collectives.
@@ -44,17 +53,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from flint.analysis.calibrate_network import calibrate_network, modelled, placement_of
+from flint.analysis.calibrate_network import (calibrate_network, check_given, check_placement, modelled, placement_of,
+                                              tuner_release)
 from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, read_nccl_tests
+from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import Placement, forced_name
 from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file, nccl_release
 
 ROOT = Path(__file__).resolve().parent.parent
+CALIBRATION = ROOT.parent / "shared" / "calibration" / "nccl"
+SAMPLE = "h100_8gpu_all_reduce_perf.txt"
+"""The 8x H100 all_reduce_perf sample of part 1, in the `--calibration` folder."""
 GB = 10**9
 BANDS = [(16 * 2**20, 16 * 2**30, 0.15), (8, 8 * 2**20, 0.35)]
 """(smallest, largest bytes, tolerance): the 8x H100 all-reduce targets."""
@@ -64,18 +79,25 @@ def run_beside(run: NcclTestsRun, network, ranks: int | None = None, nodes: int 
                algorithm: str | None = None, protocol: str | None = None) -> list[float]:
     """One line per size of a measured run (of `algorithm` and `protocol` where the run forced
     them); the ratios."""
-    placement = placement_of(run, ranks, nodes)
+    lines, ratios = beside(run, network, placement_of(run, ranks, nodes), algorithm, protocol)
+    print("\n".join(lines))
+    return ratios
+
+
+def beside(run: NcclTestsRun, network, placement: Placement, algorithm: str | None = None,
+           protocol: str | None = None) -> tuple[list[str], list[float]]:
+    """`run_beside`'s lines, computed without printing them, and the ratios."""
     forced = f", {forced_name(algorithm, protocol)} forced" if algorithm or protocol else ""
-    print(f"\n{run.path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
-          f"network {network.name}, in place{forced}")
-    print(f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  NCCL runs (its tuner's pick)")
+    lines = [f"\n{run.path.name}: {run.collective}, {placement.ranks} ranks on {placement.nodes} node(s), "
+             f"network {network.name}, in place{forced}",
+             f"{'bytes':>14} {'NCCL µs':>10} {'Flint µs':>10} {'ratio':>6}  NCCL runs (its tuner's pick)"]
     ratios = []
     for row in run.rows:
         choice = modelled(network, run.comm_type, row.size, placement, algorithm, protocol)
         ratios.append(choice.micros / row.micros)
-        print(f"{row.size:>14,} {row.micros:>10,.1f} {choice.micros:>10,.1f} {ratios[-1]:>6.2f}  "
-              f"{choice.algorithm} {choice.protocol}")
-    return ratios
+        lines.append(f"{row.size:>14,} {row.micros:>10,.1f} {choice.micros:>10,.1f} {ratios[-1]:>6.2f}  "
+                     f"{choice.algorithm} {choice.protocol}")
+    return lines, ratios
 
 
 def curve_run(entry: dict) -> NcclTestsRun:
@@ -86,9 +108,7 @@ def curve_run(entry: dict) -> NcclTestsRun:
     return NcclTestsRun(Path(entry["name"]), entry["collective"], entry["ranks"], entry["nodes"], rows)
 
 
-def h100_all_reduce(folder: Path) -> NcclTestsRun:
-    path = folder / "h100_8gpu_all_reduce_perf.txt"
-    run = read_nccl_tests(path)
+def h100_all_reduce(run: NcclTestsRun) -> NcclTestsRun:
     ratios = run_beside(run, BUILTIN_NETWORKS["hgx"], ranks=8)
     for low, high, tolerance in BANDS:
         band = [r for row, r in zip(run.rows, ratios) if low <= row.size <= high]
@@ -274,24 +294,130 @@ def transfers(folder: Path) -> None:
         print(f"  fitted: {', '.join(f'{key} {value:g}{ends.get(key, str())}' for key, value in fit.fitted.items())}")
 
 
+def read_sample(folder: Path) -> NcclTestsRun:
+    """The `--calibration` folder's 8x H100 sample (part 1), or one line saying what is wrong."""
+    if not (folder / SAMPLE).is_file():
+        wrong = "no such folder" if not folder.is_dir() else f"no {SAMPLE} in it"
+        raise FlintError(f"--calibration {str(folder)!r}: {wrong}: give the folder that holds {SAMPLE} "
+                         "(shared/calibration/nccl beside the repository), or leave --calibration out for it")
+    return read_nccl_tests(folder / SAMPLE)
+
+
+def network_of(name: str) -> NetworkFile:
+    """`--network`: a built-in network or a .toml network file, as `flint calibrate --network` takes it."""
+    network = BUILTIN_NETWORKS.get(name) or (load_network_file(Path(name)) if name.endswith(".toml") else None)
+    if network is None:
+        raise FlintError(f"unknown --network {name!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
+    return network
+
+
+def given_runs(paths: list[Path], network: NetworkFile, ranks: int | None, nodes: int | None) -> list[list[str]]:
+    """Each FILE's lines (part 6), read, placed and checked as `flint calibrate --network` does, and
+    computed before the report prints anything: a bad input stops the bench before its first line."""
+    runs = [read_nccl_tests(path) for path in paths]
+    check_given(runs, ranks, nodes)
+    tables = []
+    for run in runs:
+        placement = placement_of(run, ranks, nodes)
+        check_placement(run, placement, network)
+        if run.nccl:  # its tuner picks the algorithms; one Flint lacks is refused, as calibrate refuses it
+            said = f"{run.path} states NCCL {run.nccl}"
+            network_run = replace(network, nccl=tuner_release(run.nccl, said, "this bench times a run under the tuner "
+                                                          "of the release it states: give a copy of the file "
+                                                          "that states none, or the release nearest it"))
+        else:
+            network_run = network
+        tables.append(beside(run, network_run, placement)[0])
+    return tables
+
+
+class Parser(argparse.ArgumentParser):
+    """A mistyped command line is bad input like any other: one line, exit 2 (as `flint`'s)."""
+
+    def error(self, message: str) -> None:
+        fail(f"{message} (see {self.prog} --help)")
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def count(least: int, what: str):
+    """An argparse type: a whole number of `least` or more, else one line saying so."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what}, a whole number of {least} or more")
+        return value
+    return convert
+
+
+def parser() -> Parser:
+    built = Parser(
+        prog="python bench/collectives.py",
+        usage="%(prog)s [-h] [--calibration DIR] [FILE ... [--network NETWORK] [--ranks N] [--nodes M]]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"""{__doc__.splitlines()[0]}
+
+Prints the built-in report (the 8x H100 sample, published bus bandwidths, the
+fitted, held-out and transfer runs of bench/measured/nccl), then each FILE
+given beside the model. Every input is read and checked first: a bad one is one
+line on stderr ('error: ...') and exit status 2, with nothing else printed.""",
+        epilog="""examples:
+  python bench/collectives.py
+  python bench/collectives.py all_reduce_perf.txt --ranks 16 --nodes 2
+  python bench/collectives.py all_reduce_perf.txt --network my-hgx.toml""")
+    built.add_argument("files", nargs="*", type=Path, metavar="FILE",
+                       help="nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                            "alltoall_perf, broadcast_perf or sendrecv_perf; one run a file) to set beside "
+                            "the model after the built-in report, one line per size [default: none]")
+    built.add_argument("--calibration", type=Path, default=CALIBRATION, metavar="DIR",
+                       help=f"folder that holds {SAMPLE}, the 8x H100 sample the report opens with "
+                            "[default: ../shared/calibration/nccl beside the repository: %(default)s]")
+    built.add_argument("--network", metavar="NETWORK",
+                       help=f"network the FILEs ran on: a built-in one ({', '.join(BUILTIN_NETWORKS)}) "
+                            "or a network file (.toml) [default: hgx]")
+    built.add_argument("--ranks", type=count(2, "the GPUs the FILEs ran on"), metavar="N",
+                       help="GPUs the FILEs ran on, for FILEs whose output lists no ranks (2 or more; "
+                            "refused where every FILE lists its own) [default: none: such a FILE is "
+                            "refused]")
+    built.add_argument("--nodes", type=count(1, "the nodes the FILEs ran on"), metavar="M",
+                       help="nodes those GPUs were on, for FILEs whose output lists no ranks (refused "
+                            "where every FILE lists its own); the ranks must divide over them and fit the "
+                            "network's GPUs a node [default: 1]")
+    return built
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path, help="nccl-tests output files to set beside the model.")
-    parser.add_argument("--calibration", type=Path, default=ROOT.parent / "shared" / "calibration" / "nccl")
-    parser.add_argument("--network", default="hgx", help="Network of the FILEs (a built-in name or a .toml).")
-    parser.add_argument("--ranks", type=int, help="Ranks of the FILEs, where their headers do not list them.")
-    parser.add_argument("--nodes", type=int, help="Nodes of the FILEs, where their headers do not list them.")
-    args = parser.parse_args()
-    sample = h100_all_reduce(args.calibration)
+    args = parser().parse_args()
+    try:
+        report(args)
+    except FlintError as exc:
+        fail(str(exc))
+
+
+def report(args: argparse.Namespace) -> None:
+    """The report, once every input has been read and checked and the FILEs' lines computed."""
+    if not args.files:
+        for option in ("--network", "--ranks", "--nodes"):
+            if getattr(args, option[2:]) is not None:
+                raise FlintError(f"{option} describes the FILEs (nccl-tests output) and none is given: give "
+                                 f"them, or leave {option} out")
+    network = network_of(args.network or "hgx")
+    sample = read_sample(args.calibration)
+    tables = given_runs(args.files, network, args.ranks, args.nodes)
+    h100_all_reduce(sample)
     published()
     folder = ROOT / "bench" / "measured" / "nccl"
     fitted = fitted_runs(folder)
     held_out(folder, [({"network": "hgx", "ranks": 8, "nodes": 1}, sample), *fitted])
     transfers(folder)
-    network = BUILTIN_NETWORKS.get(args.network) or load_network_file(Path(args.network))
-    for path in args.files:
-        run = read_nccl_tests(path)
-        run_beside(run, with_release(network, run.nccl), args.ranks, args.nodes)
+    for lines in tables:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -211,6 +211,15 @@ def placement_of(run: NcclTestsRun, ranks: int | None, nodes: int | None) -> Pla
     return Placement(count, run.nodes or nodes or 1)
 
 
+def check_given(runs: Sequence[NcclTestsRun], ranks: int | None, nodes: int | None) -> None:
+    """Refuse --ranks or --nodes where every run lists its ranks and nodes: each run's own are
+    taken (`placement_of`), and the given ones would be ignored without a word."""
+    given = " and ".join(option for option, value in (("--ranks", ranks), ("--nodes", nodes)) if value is not None)
+    if given and all(run.ranks for run in runs):
+        raise FlintError(f"{given}: every run lists its ranks and their nodes ('#  Rank' lines), which Flint "
+                         f"takes: leave {given} out")
+
+
 def check_placement(run: NcclTestsRun, placement: Placement, network: NetworkFile) -> None:
     """Refuse ranks that do not divide over the nodes, or more than the network's nodes hold: NCCL's
     model would time another machine (16 ranks on one 8-GPU node, a run across two nodes whose
@@ -246,10 +255,7 @@ def calibrate_network(runs: Sequence[NcclTestsRun], base: NetworkFile, name: str
                       protocol: str | None = None, nccl: str | None = None) -> NetworkFit:
     """Fit `base`'s numbers to `runs`, made with NCCL_ALGO `algorithm` and NCCL_PROTO `protocol`
     where given, under the tuner of NCCL `nccl` where given (see the module docstring)."""
-    given = " and ".join(option for option, value in (("--ranks", ranks), ("--nodes", nodes)) if value is not None)
-    if given and all(run.ranks for run in runs):
-        raise FlintError(f"{given}: every run lists its ranks and their nodes ('#  Rank' lines), which the fit "
-                         f"takes: leave {given} out")
+    check_given(runs, ranks, nodes)
     release, release_from = _measured_release(runs, nccl)
     if release is None:
         release_from = (f"network {base.name}'s; the runs state none" if base.nccl else
@@ -322,7 +328,7 @@ def _measured_release(runs: Sequence[NcclTestsRun], nccl: str | None) -> tuple[s
         said = ", ".join(f"{run.path.name}: {release}" for release, run in sorted(stated.items()))
         raise FlintError(f"the runs state different NCCL releases ({said}): fit each release's runs on their own")
     if nccl is not None:
-        release = _tuner_of(nccl, f"--nccl {nccl}", "give one of those")
+        release = tuner_release(nccl, f"--nccl {nccl}", "give one of those")
         for said, run in stated.items():
             if said != release and said in nccl_releases():
                 raise FlintError(f"--nccl {nccl}, and {run.path} states NCCL {said}: leave --nccl out, or give the "
@@ -331,11 +337,11 @@ def _measured_release(runs: Sequence[NcclTestsRun], nccl: str | None) -> tuple[s
     if not stated:
         return None, ""
     [(said, run)] = stated.items()
-    return _tuner_of(said, f"{run.path} states NCCL {said}", "give --nccl with the release nearest it"), \
+    return tuner_release(said, f"{run.path} states NCCL {said}", "give --nccl with the release nearest it"), \
         "stated by the runs' output"
 
 
-def _tuner_of(version: str, said: str, todo: str) -> str:
+def tuner_release(version: str, said: str, todo: str) -> str:
     """The release of `version` whose tuner Flint has (a minor version: its newest); else one line."""
     try:
         return nccl_release(version)
