@@ -211,7 +211,7 @@ def test_a_rank_the_path_does_not_hold_is_one_line_naming_what_it_holds(tmp_path
     run = flint("graph", directory / "flint.2.et", "-o", tmp_path / "g.dot")
     assert run.returncode == 0 and (tmp_path / "g.dot").read_text().startswith('digraph "rank 2"')
     run = flint("inspect", directory, "--rank", "7")
-    assert run.returncode == 2 and "no trace file for rank 7; its files are of ranks 0 to 3" in run.stderr
+    assert run.returncode == 2 and "no trace file for rank 7; it holds ranks 0 to 3: choose one of those" in run.stderr
 
 
 def test_a_groups_file_that_is_no_object_names_that_file(tmp_path: Path) -> None:

@@ -55,6 +55,16 @@ def test_one_file_per_stage_and_the_manifest_says_so(traces):
     assert summary["rank_files"] == "classes" and summary["files"] == 5  # 2 traces, groups, graph, manifest
 
 
+def test_a_rank_the_class_set_has_no_file_of_names_the_files_it_has(traces):
+    """The set holds ranks 0 and 4 of 8. Before: 'its files are of ranks 0 to 4', as if 1 to 3
+    were there too."""
+    directory, _ = traces["classes"]
+    run = flint("inspect", str(directory), "--rank", "3")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert ("no trace file for rank 3; it holds one file per rank class of 8 ranks (flint extract --rank-files "
+            "classes), of ranks 0, 4: choose one of those") in run.stderr
+
+
 def test_sizes_told_match_the_files(traces):
     """The bytes the summary reports are those on disk; every rank's, estimated from one file per
     class, is within the few bytes by which group ids and peers change a file's varints."""

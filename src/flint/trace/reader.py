@@ -303,7 +303,8 @@ def locate_traces(
     `comm_groups_path`)."""
     path = Path(path)
     chosen = None
-    if path.is_file():
+    one_file = path.is_file()
+    if one_file:
         parsed = parse_trace_name(path)
         if parsed is None:
             raise TraceLookupError(f"{path}: a rank file's name says its rank, as <prefix>.<rank>.et[.gz] "
@@ -325,11 +326,15 @@ def locate_traces(
         picked = [p for p in chosen if parse_trace_name(p)[1] == rank]
         if not picked:  # what the path holds instead, named only when it is asked for
             held = sorted(parse_trace_name(p)[1] for p in chosen)
-            if len(chosen) == 1:
+            if one_file:
                 raise TraceLookupError(f"{chosen[0]} holds rank {held[0]}, not rank {rank}: drop --rank, or give "
                                        "the directory")
-            raise TraceLookupError(f"{path}: no trace file for rank {rank}; its files are of ranks {held[0]} to "
-                                   f"{held[-1]}: choose one of those")
+            which = (f"ranks {held[0]} to {held[-1]}" if held == list(range(held[0], held[-1] + 1)) else
+                     f"rank{'s' * (len(held) > 1)} {', '.join(map(str, held[:8]))}{', ...' * (len(held) > 8)}")
+            kind = (f"one file per rank class of {num_ranks:,} ranks (flint extract --rank-files classes), of "
+                    if one_per_class else "")
+            raise TraceLookupError(f"{path}: no trace file for rank {rank}; it holds {kind}{which}: choose one of "
+                                   "those")
         chosen = picked
     return TraceFiles(chosen, groups, num_ranks, one_per_class, path, prefix, manifest, problem, groups_path)
 
