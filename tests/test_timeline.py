@@ -341,3 +341,15 @@ def test_every_reader_reduces_at_the_memory_bandwidth_of_the_device_asked_for(tm
         inspected[device] = collective["micros"]
     assert simulated["h100"] - simulated["b200"] == pytest.approx(2 * 3 * 3 * (1252 - 524) / 1e3)
     assert timed == pytest.approx(simulated) and inspected == pytest.approx(simulated)
+
+
+def test_a_class_scheduled_plot_has_a_labelled_bar_per_class() -> None:
+    """Two classes scheduled by ranks 0 and 4 (of 0-3 and 4-7), and one of ranks 8, 10 and 12: a bar
+    each, side by side, labelled with its ranks. Before, bars stood at ranks 0, 4 and 8 of an axis
+    whose other ranks looked as if they took no time."""
+    from flint.analysis.plot import bars
+
+    times = [RankTime(rank, 10.0, 6.0, 4.0, 4.0) for rank in (0, 4, 8)]
+    timeline = Timeline([], times, represents={0: [0, 1, 2, 3], 4: [4, 5, 6, 7], 8: [8, 10, 12]})
+    assert bars(timeline) == ([0, 1, 2], ["0-3", "4-7", "8 +2"], "the ranks of a class (one scheduled for each)")
+    assert bars(Timeline([], times)) == ([0, 4, 8], None, "rank")

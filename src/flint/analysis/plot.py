@@ -18,7 +18,8 @@ SEGMENTS = (
 
 
 def plot_ranks(timeline: Timeline, path: str | os.PathLike[str], title: str) -> None:
-    """Write a bar per rank whose segments add up to the step time (µs): the slowest rank sets it."""
+    """Write a bar per rank whose segments add up to the step time (µs): the slowest rank sets it.
+    Scheduled one rank per class, a bar per class, labelled with the ranks it stands for."""
     try:
         import matplotlib
 
@@ -28,7 +29,7 @@ def plot_ranks(timeline: Timeline, path: str | os.PathLike[str], title: str) -> 
         raise FlintError(
             "--plot needs matplotlib: pip install 'flint-traces[plot]' (or pip install matplotlib)"
         ) from None
-    ranks = [r.rank for r in timeline.ranks]
+    ranks, labels, xlabel = bars(timeline)
     heights = {
         "compute": [r.compute for r in timeline.ranks],
         "exposed communication": [r.exposed for r in timeline.ranks],
@@ -39,7 +40,9 @@ def plot_ranks(timeline: Timeline, path: str | os.PathLike[str], title: str) -> 
     for label, color in SEGMENTS:
         axes.bar(ranks, heights[label], bottom=bottom, color=color, label=label, width=0.8)
         bottom = [b + h for b, h in zip(bottom, heights[label], strict=True)]
-    axes.set_xlabel("rank")
+    if labels is not None:
+        axes.set_xticks(ranks, labels, rotation=90 if len(ranks) > 8 else 0)
+    axes.set_xlabel(xlabel)
     axes.set_ylabel("time in one step (µs)")
     axes.set_title(title)
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=len(SEGMENTS), frameon=False)
@@ -49,3 +52,25 @@ def plot_ranks(timeline: Timeline, path: str | os.PathLike[str], title: str) -> 
         raise FlintError(f"cannot write {str(path)!r}: {exc.strerror}") from None
     finally:
         pyplot.close(figure)
+
+
+def bars(timeline: Timeline) -> tuple[list[int], list[str] | None, str]:
+    """Where each scheduled rank's bar stands, its tick label (None: the rank numbers on the axis)
+    and the axis's label: at its rank, or, scheduled one rank per class, side by side, labelled
+    with the ranks of its class (before, a bar stood at its one rank and the rest of the axis
+    looked like ranks that took no time)."""
+    if timeline.represents is None:
+        return [r.rank for r in timeline.ranks], None, "rank"
+    labels = [_members(timeline.represents[r.rank]) for r in timeline.ranks]
+    return list(range(len(timeline.ranks))), labels, "the ranks of a class (one scheduled for each)"
+
+
+def _members(ranks: list[int]) -> str:
+    """A class's ranks in a tick label: '0-3', or the first and how many more where they are not
+    consecutive."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return f"{ranks[0]} +{len(ranks) - 1}"
