@@ -10,7 +10,11 @@ in bf16, are all-reduced over the data group.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import inspect
+import io
+import itertools
 import json
 import math
 import os
@@ -83,9 +87,14 @@ def test_a_spec_expands_to_its_grid(tmp_path):
     ('model = "m.py"\nbackend = "gpu:h1000"\n[mesh]\nshapes = ["8"]\n', "--backend gpu:h1000: no such GPU"),
     ('model = "m.py"\nmodel_args = 3\n[mesh]\nshapes = ["8"]\n', "model_args is 3, not a table"),
     ('model = "m.py"\ngrid = [1]\n[mesh]\nshapes = ["8"]\n', "grid is [1], not a table"),
+    ('model = "m.py"\nstrategy = "dp"\n[mesh]\nshapes = ["8"]\n[grid]\nstrategy = ["fsdp"]\n',
+     "strategy is given both fixed and in [grid]"),
+    ('model = "m.py"\n[model_args]\nbatch = 8\n[mesh]\nshapes = ["8"]\n[grid]\nmodel_args = { batch = [4] }\n',
+     "model_args.batch is given both fixed and in [grid]"),
 ], ids=["no-shapes", "grid-key", "no-model", "bad-mesh", "no-meshes", "one-mesh-twice", "bool-ranks", "value-twice",
         "model-arg-twice", "mesh-key", "mesh-both", "strategy", "schedule",
-        "microbatches", "donate", "network", "network-file", "device", "backend", "model-args", "grid"])
+        "microbatches", "donate", "network", "network-file", "device", "backend", "model-args", "grid",
+        "fixed-and-grid", "model-arg-fixed-and-grid"])
 def test_a_bad_spec_is_one_line(tmp_path, text, message):
     """Refused before any point runs: a value no point could run with is not a skipped point."""
     spec = tmp_path / "bad.toml"
@@ -300,3 +309,255 @@ def test_a_point_times_collectives_as_its_spec_says(tmp_path):
         simulated = flint("simulate", trace, "--collectives", model, "--json", "-o", tmp_path / model)
         assert json.loads(simulated.stdout)["step_us"] == pytest.approx(record["step_us"])
     assert found["nccl"]["step_us"] != found["astra-sim"]["step_us"]
+
+
+NETWORKS = Path(__file__).resolve().parent.parent / "src" / "flint" / "step" / "networks"
+DEVICE_FILES = Path(__file__).resolve().parent.parent / "src" / "flint" / "devices" / "data"
+MLP_SIZES = "BATCH, D_MODEL, D_HIDDEN = 256, 1024, 4096"
+
+
+def mlp_flops(batch: int, dp: int, tp: int, hidden: int = 4096, width: int = 1024) -> int:
+    """Per rank, by hand (module docstring): five matmuls and the SGD update of w_in and w_out."""
+    return 5 * 2 * (batch // dp) * width * (hidden // tp) + 2 * 2 * width * (hidden // tp)
+
+
+def test_a_point_id_covers_the_model_file(tmp_path):
+    """Two models swept into one directory on the same mesh: each runs, and each record names its
+    model file and the SHA-256 of its bytes. Before, a point's id covered its mesh, options and
+    model arguments only, so the second model's sweep printed the first's result as its own. An
+    unchanged model is reused; an edited one (a comment added) runs again."""
+    out, text = tmp_path / "out", (EXAMPLES / "mlp.py").read_text()
+    assert MLP_SIZES in text
+    mlp, big = tmp_path / "mlp.py", tmp_path / "bigmlp.py"
+    mlp.write_text(text)
+    big.write_text(text.replace(MLP_SIZES, "BATCH, D_MODEL, D_HIDDEN = 256, 1024, 8 * 4096"))
+
+    def sweep(model: Path):
+        spec = tmp_path / f"{model.stem}.toml"
+        spec.write_text(f'model = "{model.name}"\nbackend = "cpu"\n[mesh]\nshapes = ["data=2,tensor=2"]\n')
+        run = flint("sweep", spec, "-o", out)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    assert "(1 run now, 0 from earlier runs)" in sweep(mlp)
+    assert "(1 run now, 0 from earlier runs)" in sweep(big)
+    rows = records(out)
+    assert len(rows) == 2 and rows[0]["id"] != rows[1]["id"]
+    for row, model, hidden in ((rows[0], mlp, 4096), (rows[1], big, 8 * 4096)):
+        assert row["status"] == "ok", row
+        assert row["model"] == str(model.resolve())
+        assert row["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+        assert mlp_flops(256, 2, 2, hidden) <= row["flops_per_rank"] < 1.002 * mlp_flops(256, 2, 2, hidden)
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"model", "model_sha256"} <= set(header)
+    assert "(0 run now, 1 from earlier runs)" in sweep(big)
+    big.write_text(big.read_text() + "# edited\n")
+    assert "(1 run now, 0 from earlier runs)" in sweep(big)
+    assert len(records(out)) == 3
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of a rich table, each cell's folded pieces joined."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[0]:
+            rows.append(cells)
+        else:
+            rows[-1] = [a + b for a, b in zip(rows[-1], cells)]
+    return rows
+
+
+def test_the_ranking_shows_every_key_that_varies(monkeypatch):
+    """Ten points that differ in network and collectives only: each row of the ranking names its
+    network and collectives, and each label on the plot too; numbers stay whole in 80 columns.
+    Before, every row read `data=2,tensor=4 │ dp+tp │ - │ -`."""
+    from rich.console import Console
+
+    from flint.exploration.view import sweep_view
+
+    networks = ["hgx", "nvl72", "hgx-a100", "mynet.toml", "ring.yml"]
+    rows = [{"id": f"p{i:02}", "status": "ok", "mesh": "data=2,tensor=4", "ranks": 8, "strategy": "dp+tp",
+             "pipeline_stages": None, "network": network, "collectives": collectives, "backend": "gpu:h100",
+             "model_args": {}, "step_us": 1_234_567.891 + 1000 * i, "memory_per_rank_bytes": (20 - i) * 2**28,
+             "fits": True}
+            for i, (network, collectives) in enumerate(itertools.product(networks, ["nccl", "astra-sim"]))]
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(sweep_view(rows, top=10, ran=10, reused=0))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    shown = table_rows(text)
+    assert len(shown) == 10
+    for place, (row, cells) in enumerate(zip(rows, shown), 1):  # fastest first: the grid's order here
+        assert cells[0] == str(place)
+        assert row["network"] in cells and row["collectives"] in cells, cells
+        assert f"{row['step_us'] / 1e3:,.3f}" in cells and f"{row['memory_per_rank_bytes'] / 2**30:,.2f}" in cells
+    assert "data=2,tensor=4" in text and "dp+tp" in text
+
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from flint.exploration.plot import plot_sweep
+
+    labels = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda self, text, *a, **k: labels.append(text))
+    plot_sweep(rows, Path(tempfile.mkdtemp(prefix="fx-sw-")) / "plot.png", "ten points")
+    # every point is on the Pareto front: each slower one needs less memory
+    assert len(labels) == 10 and len(set(labels)) == 10
+    for row in rows:
+        assert any(row["network"] in label and row["collectives"] in label for label in labels), labels
+
+
+def test_network_and_device_files_are_read_beside_the_spec(tmp_path):
+    """`network` and `device` files named in a spec are read from the spec's directory, as its
+    model is, whatever the working directory; before, only from the working directory. A copy of
+    the hgx preset times the step as hgx does; the ranking names each point's network."""
+    specs, elsewhere, out = tmp_path / "specs", tmp_path / "elsewhere", tmp_path / "out"
+    specs.mkdir()
+    elsewhere.mkdir()
+    (specs / "mynet.toml").write_text((NETWORKS / "hgx.toml").read_text())
+    (specs / "mydev.toml").write_text((DEVICE_FILES / "h100.toml").read_text())
+    spec = specs / "nets.toml"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\ndevice = "mydev.toml"\n'
+                    '[mesh]\nshapes = ["data=4,tensor=2"]\n[grid]\nnetwork = ["hgx", "mynet.toml"]\n')
+    run = flint("sweep", spec, "-o", out, "--json", cwd=elsewhere)
+    assert run.returncode == 0, run.stderr
+    found = {r["network"]: r for r in json.loads(run.stdout)}
+    assert set(found) == {"hgx", "mynet.toml"} and all(r["status"] == "ok" for r in found.values()), found
+    assert found["mynet.toml"]["step_us"] == pytest.approx(found["hgx"]["step_us"])
+    table = flint("sweep", spec, "-o", out, cwd=elsewhere, env={**os.environ, "COLUMNS": "80"})
+    assert {tuple(c for c in cells if c in found) for cells in table_rows(table.stdout)} == {("hgx",), ("mynet.toml",)}
+
+
+@pytest.mark.parametrize("option, value", [("network", "mynet.toml"), ("device", "mydev.json")])
+def test_a_missing_file_in_a_spec_says_where_it_looked(tmp_path, option, value):
+    directory = tmp_path / "x"
+    directory.mkdir()
+    spec = directory / "nets.toml"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\n[mesh]\nshapes = ["8"]\n[grid]\n{option} = ["{value}"]\n')
+    run = flint("sweep", spec, "-o", tmp_path / "out", cwd=tmp_path)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert f"{value!r} not found" in run.stderr and str(directory / value) in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_duplicates_are_not_counted_as_earlier_runs(tmp_path):
+    """On a fresh directory, a point skipped as the same as another is no point from an earlier
+    run (before: "(1 run now, 1 from earlier runs)"); a sweep without --keep-traces leaves its
+    results and nothing else (before, an empty points/ too)."""
+    spec, out = tmp_path / "mlp.toml", tmp_path / "out"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\n[mesh]\nshapes = ["data=4"]\n'
+                    '[grid]\nschedule = ["1f1b", "gpipe"]\n')
+    run = flint("sweep", spec, "-o", out)
+    assert run.returncode == 0, run.stderr
+    assert "1 ran, 1 skipped, 0 failed (1 run now, 0 from earlier runs, 1 the same as another point)" in run.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.jsonl"]
+    again = flint("sweep", spec, "-o", out)
+    assert "(0 run now, 1 from earlier runs, 1 the same as another point)" in again.stdout
+
+
+def test_a_record_appended_after_a_cut_off_line_is_whole(tmp_path):
+    """A sweep killed mid-write leaves a last line without its end: the next record must not be
+    appended to it (before, the two made one invalid line, and the new record was lost on reading
+    back). A record missing only its newline is kept."""
+    from flint.exploration.results import LOG, ResultStore
+
+    whole, cut = {"id": "a" * 12, "status": "ok"}, json.dumps({"id": "b" * 12, "status": "ok"})
+    (tmp_path / LOG).write_text(json.dumps(whole) + "\n" + cut[:20])
+    ResultStore(tmp_path).add({"id": "c" * 12, "status": "ok"})
+    lines = (tmp_path / LOG).read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["a" * 12, "c" * 12]
+    assert set(ResultStore(tmp_path).records) == {"a" * 12, "c" * 12}
+
+    (tmp_path / LOG).write_text(json.dumps(whole))
+    ResultStore(tmp_path).add({"id": "c" * 12, "status": "ok"})
+    assert [json.loads(line)["id"] for line in (tmp_path / LOG).read_text().splitlines()] == ["a" * 12, "c" * 12]
+
+
+def test_a_model_that_raises_is_failed_and_retried(tmp_path):
+    """A model whose code raises is failed, not skipped (skipped is for a configuration extract
+    refuses, such as a size that does not divide), so --retry-failed runs it again once the
+    model is fixed (here in a module it imports, so that the model file itself is unchanged)."""
+    (tmp_path / "helper.py").write_text("raise RuntimeError('helper broken')\n")
+    (tmp_path / "model.py").write_text("import helper  # noqa: F401\n" + (EXAMPLES / "mlp.py").read_text())
+    spec, out = tmp_path / "model.toml", tmp_path / "out"
+    spec.write_text('model = "model.py"\nbackend = "cpu"\n[mesh]\nshapes = ["data=4"]\n')
+    run = flint("sweep", spec, "-o", out, "--json")
+    assert run.returncode == 0, run.stderr
+    [record] = json.loads(run.stdout)
+    assert record["status"] == "failed" and "RuntimeError" in record["reason"] and "helper broken" in record["reason"]
+    (tmp_path / "helper.py").write_text("")
+    fixed = flint("sweep", spec, "-o", out, "--json", "--retry-failed")
+    [record] = json.loads(fixed.stdout)
+    assert record["status"] == "ok", record
+    assert mlp_flops(256, 4, 1) <= record["flops_per_rank"] < 1.002 * mlp_flops(256, 4, 1)
+
+
+def test_a_plot_no_point_can_have_is_refused_before_any_point(tmp_path):
+    """Every point pipelined: none has a memory figure, so --plot is refused before any work."""
+    pytest.importorskip("matplotlib")
+    spec, out = tmp_path / "pp.toml", tmp_path / "out"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\n[mesh]\nshapes = ["pp=2,data=2"]\n')
+    run = flint("sweep", spec, "-o", out, "--plot", tmp_path / "plot.png")
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "--plot" in run.stderr and "pipelined" in run.stderr
+    assert not out.exists() and not (tmp_path / "plot.png").exists()
+
+
+def test_a_plot_with_no_point_to_draw_comes_after_the_ranking(tmp_path):
+    """Every point skipped (batch 6 does not divide over 4 data ranks): the ranking and the
+    counts are printed, then one line says why there is no plot."""
+    pytest.importorskip("matplotlib")
+    spec, out = tmp_path / "mlp.toml", tmp_path / "out"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\nmodel_args = {{ batch = 6 }}\n'
+                    '[mesh]\nshapes = ["data=4"]\n')
+    run = flint("sweep", spec, "-o", out, "--plot", tmp_path / "plot.png")
+    assert run.returncode == 2, run.stderr
+    assert "0 ran, 1 skipped, 0 failed" in run.stdout
+    assert len(run.stderr.strip().splitlines()) == 1 and "no plot" in run.stderr, run.stderr
+    assert not (tmp_path / "plot.png").exists() and len(records(out)) == 1
+
+
+def test_an_astra_sim_network_of_other_npus_is_refused_before_any_point(tmp_path):
+    """A ring of 8 NPUs swept with meshes of 8 and 16 ranks: refused in one line before any point
+    runs, naming the network and the mesh it does not fit (before, each such point failed after
+    its extraction, and the sweep exited 0)."""
+    (tmp_path / "ring.yml").write_text("topology: [ Ring ]\nnpus_count: [ 8 ]\nbandwidth: [ 50.0 ]\n"
+                                       "latency: [ 500.0 ]\n")
+    spec, out = tmp_path / "ring.toml", tmp_path / "out"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\n[mesh]\nshapes = ["data=8", "data=16"]\n'
+                    '[grid]\nnetwork = ["hgx", "ring.yml"]\n')
+    run = flint("sweep", spec, "-o", out)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "ring.yml" in run.stderr and "8 NPUs" in run.stderr and "data=16" in run.stderr
+    assert not out.exists()
+
+
+def test_ray_missing_leaves_nothing(tmp_path):
+    """--ray without Ray is refused before -o DIR (and its parents) is made."""
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed")
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "made" / "sweeps" / "mlp"
+    run = flint("sweep", spec, "-o", out, "--ray", "auto")
+    assert run.returncode == 2 and "--ray needs Ray" in run.stderr
+    assert not (tmp_path / "made").exists()
+
+
+def test_an_interrupted_sweep_leaves_no_empty_folder(tmp_path):
+    """SIGINT while two points run with --keep-traces: the points interrupted leave no empty
+    points/<id>/ behind (nor an empty points/)."""
+    spec, out = write_mlp_spec(tmp_path), tmp_path / "out"
+    sweep = subprocess.Popen([sys.executable, "-m", "flint", "sweep", str(spec), "-o", str(out), "--jobs", "2",
+                              "--keep-traces"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ((out / "points").is_dir() and len(list((out / "points").iterdir())) >= 2):
+        assert sweep.poll() is None and time.monotonic() < deadline, "the sweep ended before two points started"
+        time.sleep(0.02)
+    time.sleep(0.5)
+    sweep.send_signal(signal.SIGINT)
+    _, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130, stderr
+    empty = [p for p in [out, *out.rglob("*")] if p.is_dir() and not any(p.iterdir())]
+    assert empty == []

@@ -935,11 +935,14 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
     \b
       flint sweep examples/sweep.toml -o sweeps/gpt64 --jobs 2 --plot sweeps/gpt64.png
     """
-    from flint.exploration import SweepRequest, run_sweep
+    from flint.exploration import SweepRequest, read_spec, run_sweep
+    from flint.exploration.plot import no_plot, refusal
     from flint.exploration.view import sweep_view
 
     if plot is not None:
         _check_plot_directory(plot, output)
+        if (reason := refusal(read_spec(spec))) is not None:
+            raise FlintError(reason)
     request = SweepRequest(spec=spec, output=output, jobs=jobs, ray=ray_address, retry_failed=retry_failed,
                            keep_traces=keep_traces, simulator=simulator, finalists=finalists)
     stopped = signal.SIGINT
@@ -957,15 +960,19 @@ def sweep(spec, output, jobs, ray_address, retry_failed, keep_traces, simulator,
     except KeyboardInterrupt:
         stderr.print(f"[bold red]interrupted:[/] every finished point is recorded in {output}; rerun to resume")
         sys.exit(128 + stopped)
-    if plot:
+    unplotted = no_plot(outcome.records) if plot else None
+    if plot and unplotted is None:
         from flint.exploration.plot import plot_sweep
 
         plot_sweep(outcome.records, plot, f"{outcome.spec.model.name}: {len(outcome.records)} points")
     if as_json:
         click.echo(json.dumps(outcome.records, indent=2))
-        return
-    stdout.print(sweep_view(outcome.records, top, outcome.ran, outcome.reused))
-    stdout.print(f"results in {output / 'results.csv'}" + (f", plot in {plot}" if plot else ""))
+    else:
+        stdout.print(sweep_view(outcome.records, top, outcome.ran, outcome.reused, outcome.duplicates))
+        drawn = plot and unplotted is None
+        stdout.print(f"results in {output / 'results.csv'}" + (f", plot in {plot}" if drawn else ""))
+    if unplotted is not None:  # after the ranking, which the sweep still gives
+        raise FlintError(f"--plot {plot}: {unplotted}")
 
 
 @main.command()

@@ -4,12 +4,14 @@ The extraction is a `flint extract` command in its own process: JAX fixes its de
 process, so a process per extraction is what lets one sweep visit many meshes (on whichever machine
 runs the point: a Ray worker runs this same function). Simulation needs no JAX and runs here. The point's result is one flat record (a CSV row), whatever happened:
 `ok`, `skipped` (extract refused the configuration as bad input, e.g. a size that does not divide,
-with its one-line reason) or `failed` (anything else, with its one-line error).
+with its one-line reason) or `failed` (anything else, with its one-line error: the model's own code
+raising among them, which a fixed model may get past, so `--retry-failed` runs it again).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,11 @@ from flint.trace.reader import ALL_RANK_FILES, ONE_PER_CLASS
 INTERRUPTED = {130, 143, -2, -15}
 """Exit statuses of a `flint` command stopped by SIGINT or SIGTERM (as a shell or Python reports them)."""
 BAD_INPUT = 2
+MODEL_CODE = re.compile(r"\braised [\w.]+ at |\bcalled sys\.exit\(|\bis not valid Python\b|"
+                        r"\btracing the step failed\b|\bcannot export the step\b|\btorch-mlir cannot lower\b")
+"""What extract says (exit status 2) where the model file's own code went wrong: it raised on import,
+in workload(mesh) or logical_rules(mesh) (`raised RuntimeError at model.py:3: ...`), while its step
+was traced, or as PyTorch exported it; not a configuration extract refuses."""
 
 
 class PointInterrupted(Exception):
@@ -69,7 +76,7 @@ def extract_command(model: Path, point: Point, output: Path, rank_files: str = A
     options = point.options
     for option in ("backend", "stage", "strategy", "device", "durations"):
         if option in options:
-            command += [f"--{option}", str(options[option])]
+            command += [f"--{option}", point.file(option, "")]
     if "donate" in options:
         command += ["--donate" if options["donate"] else "--no-donate"]
     if stages := point.pipeline_stages:
@@ -95,6 +102,11 @@ def run_point(model: Path, point: Point, workdir: Path, simulator: str | None = 
     rank_files = ONE_PER_CLASS if engine == "flint" and not keep_traces else ALL_RANK_FILES
     try:
         record |= _extract_and_simulate(model, point, trace, simulator, processes, engine, rank_files)
+    except PointInterrupted:
+        # nothing of the point is recorded, so nothing of it is kept: not even what an extraction
+        # stopped before it could clean up left (an empty staging folder, say)
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     finally:
         if not keep_traces:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -109,10 +121,11 @@ def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str
     extracted = processes.run(extract_command(model, point, trace, rank_files))
     record: dict[str, Any] = {"extract_seconds": round(time.perf_counter() - started, 3)}
     if extracted.returncode != 0:
-        status = "skipped" if extracted.returncode == BAD_INPUT else "failed"
-        return record | {"status": status, "reason": _one_line(extracted.stderr, extracted.returncode)}
+        reason = _one_line(extracted.stderr, extracted.returncode)
+        refused = extracted.returncode == BAD_INPUT and not MODEL_CODE.search(reason)
+        return record | {"status": "skipped" if refused else "failed", "reason": reason}
     record |= from_extraction(json.loads(extracted.stdout))
-    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
+    request = SimulateRequest(trace, network=point.file("network", "hgx"), simulator=simulator,
                               engine=engine, collectives=str(point.options.get("collectives", "nccl")))
     try:
         simulated = simulate(request).as_json()
@@ -122,7 +135,8 @@ def _extract_and_simulate(model: Path, point: Point, trace: Path, simulator: str
 
 
 COLUMNS = ("id", "status", "reason", "mesh", "ranks", "strategy", "pipeline_stages", "schedule", "microbatches",
-           "virtual_stages", "backend", "device", "network", "collectives", "model_args", "step_us", "simulated_step_us",
+           "virtual_stages", "backend", "device", "network", "collectives", "durations", "stage", "donate",
+           "model_args", "model", "model_sha256", "step_us", "simulated_step_us",
            "estimated_step_us", "compute_us", "exposed_communication_us", "idle_us", "memory_per_rank_bytes",
            "device_memory_bytes", "fits", "flops_per_rank", "communication_bytes_per_rank", "extract_seconds",
            "seconds")
@@ -136,7 +150,8 @@ def base_record(point: Point) -> dict[str, Any]:
         "id": point.key, "mesh": point.mesh, "ranks": ranks(point), "pipeline_stages": point.pipeline_stages,
         "model_args": dict(point.model_args), "network": options.get("network", "hgx"),
         "collectives": options.get("collectives", "nccl"),
-        **{k: options.get(k) for k in ("strategy", "backend", "device")},
+        "model": point.files.get("model"), "model_sha256": point.digests.get("model"),
+        **{k: options.get(k) for k in ("strategy", "backend", "device", "durations", "stage", "donate")},
         **({k: options.get(k) for k in ("schedule", "microbatches", "virtual_stages")}
            if point.pipeline_stages else {}),
     })
@@ -158,7 +173,7 @@ def from_extraction(summary: dict) -> dict[str, Any]:
 def simulate_finalist(point: Point, trace: Path, simulator: str) -> dict[str, Any]:
     """ASTRA-sim's step for a point the estimator ranked among the best (its trace kept), as the
     fields it adds to the point's record."""
-    request = SimulateRequest(trace, network=str(point.options.get("network", "hgx")), simulator=simulator,
+    request = SimulateRequest(trace, network=point.file("network", "hgx"), simulator=simulator,
                               engine="astra-sim", estimate=False, output=trace.parent / "astra-sim")
     try:
         result = simulate(request).as_json()

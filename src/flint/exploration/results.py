@@ -2,7 +2,9 @@
 rerun resumes from), and `results.csv`, the latest record of every point, rewritten whole.
 
 The log is read back tolerantly: a run killed mid-write leaves a truncated last line, which is
-ignored (that point simply runs again).
+ignored (that point simply runs again) and dropped before the next record is appended, so that the
+two do not run together into one invalid line (a last record missing only its newline is kept, and
+ended).
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ class ResultStore:
     def __init__(self, directory: Path):
         self.directory = directory
         self.records: dict[str, dict[str, Any]] = {}
+        self._unended: tuple[int, bool] | None = None
+        """Where the log's last line starts, and whether it is a record, if it has no newline."""
         log = directory / LOG
         if log.exists():
-            for line in log.read_text(errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("id"), str):
+            data = log.read_bytes()
+            for line in data.decode(errors="replace").splitlines():
+                record = _record(line)
+                if record is not None:
                     self.records[record["id"]] = record
+            if data and not data.endswith(b"\n"):
+                start = data.rfind(b"\n") + 1
+                self._unended = (start, _record(data[start:].decode(errors="replace")) is not None)
 
     def done(self, retry_failed: bool) -> set[str]:
         """Points that need not run again: finished or skipped, and failed unless retried."""
@@ -43,11 +48,22 @@ class ResultStore:
 
     def add(self, record: dict[str, Any]) -> None:
         self.records[record["id"]] = record
+        if self._unended is not None:
+            self._end_log(*self._unended)
+            self._unended = None
         with open(self.directory / LOG, "a") as log:
             log.write(json.dumps(record, sort_keys=True) + "\n")
             log.flush()
             os.fsync(log.fileno())
         self._write_table()
+
+    def _end_log(self, start: int, whole: bool) -> None:
+        """End the log's last line: a whole record gets its newline, a cut-off one is dropped."""
+        if whole:
+            with open(self.directory / LOG, "a") as log:
+                log.write("\n")
+        else:
+            os.truncate(self.directory / LOG, start)
 
     def _write_table(self) -> None:
         buffer = io.StringIO()
@@ -61,3 +77,12 @@ class ResultStore:
 
     def ordered(self, keys: Iterable[str]) -> list[dict[str, Any]]:
         return [self.records[k] for k in keys if k in self.records]
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """A log line's record, or None for a line that is not one (cut off by a kill, say)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("id"), str) else None

@@ -1,6 +1,7 @@
 """Run a sweep's points, on this machine (`jobs` at a time) or as Ray tasks, recording each as it
 finishes. A rerun skips every point already recorded (failed ones too, unless `retry_failed`), so
-an interrupted sweep resumes where it stopped."""
+an interrupted sweep resumes where it stopped. A sweep refused or stopped leaves no directory it
+made empty behind (nor an empty `points/` or point folder)."""
 
 from __future__ import annotations
 
@@ -45,25 +46,36 @@ class SweepOutcome:
     records: list[dict[str, Any]]
     """Every point's latest record, in grid order."""
     ran: int
+    """Points run by this sweep."""
     reused: int
+    """Points whose record an earlier run of the sweep left."""
+    duplicates: int = 0
+    """Points skipped as the same as another (recorded, never run)."""
 
 
 def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = lambda done, total: None
               ) -> SweepOutcome:
     spec = read_spec(request.spec)
-    if not spec.model.is_file():
-        raise FlintError(f"sweep spec {request.spec}: model file {spec.model} not found")
     simulator = find_simulator(request.simulator)
     if request.finalists and simulator is None:
         raise FlintError(f"--finalists {request.finalists} simulates the best points with ASTRA-sim, and none "
                          f"was found: give --astra-sim PATH or set ${ENVIRONMENT}, or drop --finalists")
     simulator = str(simulator) if simulator else None
+    if request.ray is not None:
+        _import_ray()
+    made = _make_directory(request.output)
     try:
-        request.output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise FlintError(f"cannot create sweep directory {request.output}: {exc.strerror}") from None
+        return _run(request, spec, simulator, on_progress)
+    finally:
+        points = request.output.resolve() / POINTS
+        _remove_empty([*(points.iterdir() if points.is_dir() else ()), points, *made])
+
+
+def _run(request: SweepRequest, spec: SweepSpec, simulator: str | None,
+         on_progress: Callable[[int, int], None]) -> SweepOutcome:
     store = ResultStore(request.output)
     done = store.done(request.retry_failed)
+    reused = sum(p.key in done and p.key not in spec.skipped for p in spec.points)
     for point in spec.points:
         if point.key in spec.skipped and point.key not in done:
             store.add(base_record(point) | {"status": "skipped", "reason": spec.skipped[point.key]})
@@ -82,7 +94,40 @@ def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = l
     run(request, spec, todo, simulator, record)
     if request.finalists:
         _simulate_finalists(request, spec, store, simulator)
-    return SweepOutcome(spec, store.ordered(p.key for p in spec.points), len(todo), total - len(todo))
+    duplicates = sum(p.key in spec.skipped for p in spec.points)
+    return SweepOutcome(spec, store.ordered(p.key for p in spec.points), len(todo), reused, duplicates)
+
+
+def _make_directory(output: Path) -> list[Path]:
+    """Make the sweep directory with its parents; those it made, innermost first."""
+    made, directory = [], output.absolute()
+    while not directory.exists() and directory != directory.parent:
+        made.append(directory)
+        directory = directory.parent
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_empty(made)
+        raise FlintError(f"cannot create sweep directory {output}: {exc.strerror}") from None
+    return made
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove each of `directories` (in order: inner ones first) that is empty."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty, or gone
+            pass
+
+
+def _import_ray():
+    """Ray, or one line before anything is made."""
+    try:
+        import ray
+    except ImportError:
+        raise FlintError("--ray needs Ray: pip install 'flint-traces[ray]'") from None
+    return ray
 
 
 def _engine(request: SweepRequest) -> str:
@@ -150,10 +195,7 @@ def _outcome(result: Callable[[], dict[str, Any]], point: Point) -> dict[str, An
 
 
 def _run_on_ray(request, spec, todo, simulator, record) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise FlintError("--ray needs Ray: pip install 'flint-traces[ray]'") from None
+    ray = _import_ray()
     ray.init(address=request.ray or None, include_dashboard=False, log_to_driver=False,
              ignore_reinit_error=True, configure_logging=False)
     remote = ray.remote(num_cpus=1)(run_point)
