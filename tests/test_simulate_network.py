@@ -14,7 +14,7 @@ import pytest
 
 from flint.devices import BUILTIN as DEVICES
 from flint.errors import FlintError
-from flint.step.models import collective_model
+from flint.step.models import collective_model, reader_collectives
 from flint.step.nccl import NcclModel, Placement
 from flint.step.network import Dimension, network_for
 
@@ -127,3 +127,12 @@ def test_nccls_model_refuses_a_yaml_of_three_dimensions(tmp_path):
     with pytest.raises(FlintError, match=r"has 3 dimensions, and NCCL's model knows two .*--collectives astra-sim"):
         collective_model("nccl", network, DEVICES["h100"])
     assert collective_model("astra-sim", network, DEVICES["h100"]).network is network
+
+
+def test_one_link_is_named_by_what_times_it():
+    """--link-gbps under NCCL's model, which times no hop latency: the name said 'one link of 100
+    GB/s, 0.93625 µs' (the flat preset's latency, which --link-latency-us is refused for there)."""
+    nccl = reader_collectives(None, None, 8, link_gbps=100.0)
+    assert nccl.network.name == "one link of 100 GB/s"
+    astra = reader_collectives(None, None, 8, link_gbps=100.0, link_latency_us=2.0, model="astra-sim")
+    assert astra.network.name == "one link of 100 GB/s, 2 µs"

@@ -66,7 +66,8 @@ def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks:
     if link_gbps is not None or link_latency_us is not None:
         flat = PRESETS["flat"][0]
         chosen = one_link(num_ranks, flat.bandwidth_gbps if link_gbps is None else link_gbps,
-                          flat.latency_ns if link_latency_us is None else link_latency_us * 1e3)
+                          flat.latency_ns if link_latency_us is None else link_latency_us * 1e3,
+                          latency_named=model != "nccl")
     else:
         chosen = network_for(network or DEFAULT_NETWORK, mesh_axes(dict(manifest or {}), num_ranks))
     return collective_model(model, chosen, device or recorded_device(manifest), system)
