@@ -561,3 +561,15 @@ def test_an_interrupted_sweep_leaves_no_empty_folder(tmp_path):
     assert sweep.returncode == 130, stderr
     empty = [p for p in [out, *out.rglob("*")] if p.is_dir() and not any(p.iterdir())]
     assert empty == []
+
+
+def test_a_plot_label_reads_as_the_point_and_leaves_out_what_does_not_apply():
+    """Mesh, strategy and pipeline read as themselves; other settings as name=value; a pipeline a
+    point does not have is left out. Before: 'pp=1,data=64,tensor=1 strategy=dp+tp pipeline=-'."""
+    from flint.exploration.view import labels
+
+    flat = {"mesh": "pp=1,data=64,tensor=1", "strategy": "dp+tp", "network": "hgx"}
+    piped = {"mesh": "pp=8,data=8,tensor=1", "strategy": "fsdp+tp", "pipeline_stages": 8, "schedule": "gpipe",
+             "microbatches": 4, "network": "nvl72"}
+    assert labels([flat, piped], [flat, piped]) == ["pp=1,data=64,tensor=1 dp+tp network=hgx",
+                                                    "pp=8,data=8,tensor=1 fsdp+tp 8 x gpipe, 4 mb network=nvl72"]

@@ -66,12 +66,17 @@ def settings(records: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, Callabl
     return varying, shared
 
 
+BARE = ("mesh", "strategy", "pipeline")
+"""Settings a plot's label gives as their value alone: they read as themselves (data=8,tensor=8 dp+tp)."""
+
+
 def labels(records: Sequence[dict[str, Any]], among: Sequence[dict[str, Any]]) -> list[str]:
     """Each of `records`' label on a plot: its settings that vary across `among` (the sweep's
-    points), the mesh as it is and the others as name=value."""
+    points) and apply to it (no pipeline where it has none), `BARE` ones as their value, the others
+    as name=value."""
     varying, _ = settings(among)
-    return [" ".join(show(record) if name == "mesh" else f"{name}={show(record)}" for name, show in varying)
-            for record in records]
+    return [" ".join(value if name in BARE else f"{name}={value}" for name, show in varying
+                     if (value := show(record)) != "-") for record in records]
 
 
 def sweep_view(records: Sequence[dict[str, Any]], top: int, ran: int, reused: int, duplicates: int = 0) -> Group:
