@@ -52,6 +52,31 @@ def _check_writable(path: Path) -> None:
         ) from None
 
 
+def make_directories(path: Path) -> list[Path]:
+    """Make directory `path` with its missing parents; those made, innermost first (for
+    `remove_empty`, where what was to go in them fails). OSError where one cannot be made, after
+    taking back those it made."""
+    made, directory = [], Path(path).absolute()
+    while not directory.exists() and directory != directory.parent:
+        made.append(directory)
+        directory = directory.parent
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        remove_empty(made)
+        raise
+    return made
+
+
+def remove_empty(directories: list[Path]) -> None:
+    """Remove each of `directories`, inner ones first, that is empty (and still there)."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty, or gone
+            pass
+
+
 def check_dump_dir(path: Path | None, output: Path) -> Path | None:
     """`path` if the traced IR may be written there: a directory (or none yet) outside `output`,
     which the finished trace replaces whole."""

@@ -4,8 +4,8 @@ networks, each point extracted in a process of its own, then scheduled and simul
 In: a sweep spec (TOML, `flint.exploration.spec`). Out: a directory with `results.jsonl` (the log a rerun
 resumes from) and `results.csv`, and the points ranked by step time among those that fit.
 
-May import: the foundation and `simulation` (extraction runs as the `flint extract` command, so
-it needs none of the pipeline's packages).
+May import: the foundation, `simulation`, and `emit`'s helpers for output directories
+(extraction runs as the `flint extract` command, so it needs none of the pipeline's packages).
 """
 
 from flint.exploration.rank import pareto_front, ranked

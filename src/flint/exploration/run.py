@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flint.emit.writer import make_directories, remove_empty
 from flint.errors import FlintError
 
 from flint.exploration.point import PointInterrupted, Processes, base_record, run_point, simulate_finalist
@@ -68,7 +69,7 @@ def run_sweep(request: SweepRequest, on_progress: Callable[[int, int], None] = l
         return _run(request, spec, simulator, on_progress)
     finally:
         points = request.output.resolve() / POINTS
-        _remove_empty([*(points.iterdir() if points.is_dir() else ()), points, *made])
+        remove_empty([*(points.iterdir() if points.is_dir() else ()), points, *made])
 
 
 def _run(request: SweepRequest, spec: SweepSpec, simulator: str | None,
@@ -100,25 +101,10 @@ def _run(request: SweepRequest, spec: SweepSpec, simulator: str | None,
 
 def _make_directory(output: Path) -> list[Path]:
     """Make the sweep directory with its parents; those it made, innermost first."""
-    made, directory = [], output.absolute()
-    while not directory.exists() and directory != directory.parent:
-        made.append(directory)
-        directory = directory.parent
     try:
-        output.mkdir(parents=True, exist_ok=True)
+        return make_directories(output)
     except OSError as exc:
-        _remove_empty(made)
         raise FlintError(f"cannot create sweep directory {output}: {exc.strerror}") from None
-    return made
-
-
-def _remove_empty(directories: list[Path]) -> None:
-    """Remove each of `directories` (in order: inner ones first) that is empty."""
-    for directory in directories:
-        try:
-            directory.rmdir()
-        except OSError:  # not empty, or gone
-            pass
 
 
 def _import_ray():

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flint.devices import load_device
-from flint.emit.writer import OutputDir, disk_errors, prepare_output
+from flint.emit.writer import OutputDir, disk_errors, make_directories, prepare_output, remove_empty
 from flint.errors import FlintError
 from flint.simulation.inputs import SimulationInputs, read_system_overrides
 from flint.simulation.run import RankResult, find_simulator, run_simulator
@@ -232,29 +232,16 @@ def _staged(inputs: SimulationInputs) -> Iterator[SimulationInputs]:
     replaces it when the block ends and is removed if it raises (or is interrupted), with the
     parents made, leaving an earlier output as it was."""
     target = inputs.directory
-    made = []
     try:
-        for parent in reversed([p for p in target.parents if not p.exists()]):
-            parent.mkdir()
-            made.append(parent)
+        made = make_directories(target.parent)
     except OSError as exc:
-        _remove(made)
         raise FlintError(f"cannot create {str(target)!r}: {exc.strerror}: choose another -o") from None
     try:
         with disk_errors(target), OutputDir(target) as output:
             yield replace(inputs, directory=output.staging)
     except BaseException:
-        _remove(made)
+        remove_empty(made)
         raise
-
-
-def _remove(made: list[Path]) -> None:
-    """Remove the directories `made` (each inside the one before), as far as they are still empty."""
-    for directory in reversed(made):
-        try:
-            directory.rmdir()
-        except OSError:
-            return
 
 
 def _manifest(files: TraceFiles) -> dict:
