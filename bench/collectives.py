@@ -64,7 +64,7 @@ from flint.analysis.nccl_tests import COLLECTIVES, Measurement, NcclTestsRun, re
 from flint.errors import FlintError
 from flint.schema import et_def_pb2 as pb
 from flint.step.nccl import Placement, forced_name
-from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, load_network_file, nccl_release
+from flint.step.network_files import BUILTIN_NETWORKS, NetworkFile, network_named
 
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION = ROOT.parent / "shared" / "calibration" / "nccl"
@@ -193,15 +193,21 @@ def held_network(entry: dict, run: NcclTestsRun | None = None) -> NetworkFile:
     """A held-out run's network: its built-in file, with the NCCL release the run states (`nccl`,
     else the one its output states: its tuner picks the algorithms) and the channels between nodes
     the run set (`channels`, where NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
-    network = with_release(BUILTIN_NETWORKS[entry["network"]], entry.get("nccl") or (run.nccl if run else None))
+    network = with_release(BUILTIN_NETWORKS[entry["network"]], entry.get("nccl") or (run.nccl if run else None),
+                           entry.get("file", "bench/measured/nccl"))
     if "channels" not in entry:
         return network
     return replace(network, scale_out=replace(network.scale_out, channels=entry["channels"]))
 
 
-def with_release(network: NetworkFile, release: str | None) -> NetworkFile:
-    """`network` under the tuner of NCCL `release` where one is given."""
-    return replace(network, nccl=nccl_release(release)) if release else network
+def with_release(network: NetworkFile, release: str | None, source: str | Path) -> NetworkFile:
+    """`network` under the tuner of NCCL `release` (which `source` states) where one is given; one
+    line where Flint has no tuner of it."""
+    if not release:
+        return network
+    return replace(network, nccl=tuner_release(release, f"{source} states NCCL {release}", "this bench times a run "
+                                               "under the tuner of the release it states: give a copy of the file "
+                                               "that states none, or the release nearest it"))
 
 
 def held_out(folder: Path, fitted: list[tuple[dict, NcclTestsRun]]) -> None:
@@ -303,14 +309,6 @@ def read_sample(folder: Path) -> NcclTestsRun:
     return read_nccl_tests(folder / SAMPLE)
 
 
-def network_of(name: str) -> NetworkFile:
-    """`--network`: a built-in network or a .toml network file, as `flint calibrate --network` takes it."""
-    network = BUILTIN_NETWORKS.get(name) or (load_network_file(Path(name)) if name.endswith(".toml") else None)
-    if network is None:
-        raise FlintError(f"unknown --network {name!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
-    return network
-
-
 def given_runs(paths: list[Path], network: NetworkFile, ranks: int | None, nodes: int | None) -> list[list[str]]:
     """Each FILE's lines (part 6), read, placed and checked as `flint calibrate --network` does, and
     computed before the report prints anything: a bad input stops the bench before its first line."""
@@ -320,14 +318,7 @@ def given_runs(paths: list[Path], network: NetworkFile, ranks: int | None, nodes
     for run in runs:
         placement = placement_of(run, ranks, nodes)
         check_placement(run, placement, network)
-        if run.nccl:  # its tuner picks the algorithms; one Flint lacks is refused, as calibrate refuses it
-            said = f"{run.path} states NCCL {run.nccl}"
-            network_run = replace(network, nccl=tuner_release(run.nccl, said, "this bench times a run under the tuner "
-                                                          "of the release it states: give a copy of the file "
-                                                          "that states none, or the release nearest it"))
-        else:
-            network_run = network
-        tables.append(beside(run, network_run, placement)[0])
+        tables.append(beside(run, with_release(network, run.nccl, run.path), placement)[0])
     return tables
 
 
@@ -407,7 +398,7 @@ def report(args: argparse.Namespace) -> None:
             if getattr(args, option[2:]) is not None:
                 raise FlintError(f"{option} describes the FILEs (nccl-tests output) and none is given: give "
                                  f"them, or leave {option} out")
-    network = network_of(args.network or "hgx")
+    network = network_named(args.network or "hgx")
     sample = read_sample(args.calibration)
     tables = given_runs(args.files, network, args.ranks, args.nodes)
     h100_all_reduce(sample)

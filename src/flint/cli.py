@@ -1051,13 +1051,11 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorith
     from flint.analysis.calibrate_network import calibrate_network
     from flint.analysis.nccl_tests import read_nccl_tests
     from flint.analysis.views import network_calibration_view
-    from flint.step.network_files import BUILTIN_NETWORKS, load_network_file, network_toml
+    from flint.step.network_files import network_named, network_toml
 
     if output.suffix != ".toml":
         raise FlintError(f"--output {str(output)!r}: a network file ends in .toml")
-    base = BUILTIN_NETWORKS.get(network) or (load_network_file(Path(network)) if network.endswith(".toml") else None)
-    if base is None:
-        raise FlintError(f"unknown --network {network!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
+    base = network_named(network)
     runs = [read_nccl_tests(path) for path in paths]
     fit = calibrate_network(runs, base, name or f"{base.name}-calibrated", ranks, nodes, algorithm, protocol, nccl)
     on = ", ".join(p.name for p in paths)

@@ -309,3 +309,12 @@ def _choice(table: dict, key: str, choices: tuple[str, ...], default: str) -> st
 
 BUILTIN_NETWORKS: dict[str, NetworkFile] = _builtin()
 """The networks of the files in `networks/`, by name: `--network NAME`."""
+
+
+def network_named(name: str) -> NetworkFile:
+    """`--network NAME` where only a network file will do (a fit's starting point): a built-in
+    network or a .toml file; one line where it is neither."""
+    network = BUILTIN_NETWORKS.get(name) or (load_network_file(Path(name)) if name.endswith(".toml") else None)
+    if network is None:
+        raise FlintError(f"unknown --network {name!r}: use one of {', '.join(BUILTIN_NETWORKS)} or a .toml file")
+    return network
