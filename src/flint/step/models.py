@@ -55,8 +55,6 @@ def reader_collectives(network: str | None, manifest: Mapping | None, num_ranks:
     memory bandwidth of `device` (the reader's `--device`; without one, the manifest's device, an
     H100's without that), with Flint's ASTRA-sim system keys and `system`'s over them, as `flint
     simulate` writes them."""
-    if model not in COLLECTIVE_MODELS:
-        raise FlintError(f"unknown --collectives {model!r}: use one of {', '.join(COLLECTIVE_MODELS)}")
     if model == "nccl" and link_latency_us is not None:
         raise FlintError("--link-latency-us sets ASTRA-sim's hop latency, which NCCL's model does not use: "
                          "add --collectives astra-sim, or give --link-gbps alone")
