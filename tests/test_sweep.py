@@ -370,7 +370,7 @@ def table_rows(text: str) -> list[list[str]]:
     return rows
 
 
-def test_the_ranking_shows_every_key_that_varies(monkeypatch):
+def test_the_ranking_shows_every_key_that_varies(monkeypatch, tmp_path):
     """Ten points that differ in network and collectives only: each row of the ranking names its
     network and collectives, and each label on the plot too; numbers stay whole in 80 columns.
     Before, every row read `data=2,tensor=4 │ dp+tp │ - │ -`."""
@@ -403,7 +403,7 @@ def test_the_ranking_shows_every_key_that_varies(monkeypatch):
 
     labels = []
     monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda self, text, *a, **k: labels.append(text))
-    plot_sweep(rows, Path(tempfile.mkdtemp(prefix="fx-sw-")) / "plot.png", "ten points")
+    plot_sweep(rows, tmp_path / "plot.png", "ten points")
     # every point is on the Pareto front: each slower one needs less memory
     assert len(labels) == 10 and len(set(labels)) == 10
     for row in rows:
