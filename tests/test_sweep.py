@@ -476,6 +476,33 @@ def test_a_record_appended_after_a_cut_off_line_is_whole(tmp_path):
     assert [json.loads(line)["id"] for line in (tmp_path / LOG).read_text().splitlines()] == ["a" * 12, "c" * 12]
 
 
+@pytest.mark.parametrize("taken", ["results.jsonl", "results.csv"])
+def test_a_directory_where_results_go_is_refused_before_any_point(tmp_path, taken):
+    """A directory named as the log or the table: one line, before any point runs, and nothing
+    written beside it. Before, the point ran and then a traceback (IsADirectoryError) left a staged
+    `.results.csv.tmp` (or, for the log, a traceback at once)."""
+    spec, out = tmp_path / "mlp.toml", tmp_path / "out"
+    spec.write_text(f'model = "{EXAMPLES / "mlp.py"}"\nbackend = "cpu"\n[mesh]\nshapes = ["data=4"]\n')
+    (out / taken).mkdir(parents=True)
+    run = flint("sweep", spec, "-o", out)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert f"'{out / taken}' is a directory, where the sweep keeps its results" in run.stderr
+    assert [p.name for p in out.iterdir()] == [taken]
+
+
+def test_a_log_that_cannot_be_written_is_one_line(tmp_path):
+    """Files limited to 2 KiB (ulimit -f 2) and a record of 4 KiB: the store says which file it
+    could not write and why, in the one line the CLI prints (before: a raw OSError's traceback)."""
+    store = ("import resource, sys\nfrom pathlib import Path\nfrom flint.errors import FlintError\n"
+             "from flint.exploration.results import ResultStore\n"
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))\n"
+             "try:\n    ResultStore(Path(sys.argv[1])).add({'id': 'a' * 12, 'status': 'failed', 'reason': 'x' * 4096})\n"
+             "except FlintError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", store, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == f"cannot write '{tmp_path / 'results.jsonl'}': File too large\n"
+
+
 def test_a_model_that_raises_is_failed_and_retried(tmp_path):
     """A model whose code raises is failed, not skipped (skipped is for a configuration extract
     refuses, such as a size that does not divide), so --retry-failed runs it again once the

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import signal
 import sys
@@ -30,6 +29,7 @@ from flint.compile.backend import DEFAULT_BACKEND
 from flint.compile.capture import STAGES
 from flint.devices import BUILTIN, load_device
 from flint.devices.kernels import DURATIONS
+from flint.emit.writer import write_whole
 from flint.errors import FlintError
 from flint.layout import STRATEGIES
 from flint.mesh import parse_mesh
@@ -446,29 +446,6 @@ class OutputFile(click.Path):
         return path
 
 
-def _write_whole(output: Path, data: bytes) -> None:
-    """Write `output` whole or not at all: into a file beside it, renamed over it once written, so
-    that a full disk or an interrupt leaves any earlier file as it was and no fragment of a new one.
-    A link is written through (its target replaced), and what is not a regular file (a pipe, a
-    device such as /dev/stdout) is written as a stream, as it cannot be replaced."""
-    target = output.resolve() if output.is_symlink() else output
-    try:
-        if target.exists() and not target.is_file():
-            with open(target, "wb") as stream:
-                stream.write(data)
-            return
-    except OSError as exc:
-        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
-    staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        staged.write_bytes(data)
-        os.replace(staged, target)
-    except OSError as exc:
-        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
-    finally:
-        staged.unlink(missing_ok=True)
-
-
 def _plot_option(help_text: str, kind: click.ParamType | None = None):
     """--plot FILE: a figure, refused before any work unless matplotlib is there and writes its
     format (a sweep would otherwise run every point first); `kind`: its type, by default a file in
@@ -761,7 +738,7 @@ def timeline(directory, output, plot, prefix, as_json, groups_file, device_spec,
 
         plot_ranks(scheduled, plot, f"{directory.name}: one step, {scheduled.step:,.1f} µs")
     try:
-        _write_whole(output, (json.dumps(to_trace_events(scheduled, metadata)) + "\n").encode())
+        write_whole(output, (json.dumps(to_trace_events(scheduled, metadata)) + "\n").encode())
     except FlintError:
         if plot:
             plot.unlink(missing_ok=True)
@@ -1068,7 +1045,7 @@ def _calibrate_network(paths, output: Path, network: str, ranks, nodes, algorith
     except UnicodeEncodeError:
         raise FlintError("--name or a measured file's name holds bytes that are not UTF-8, which a TOML file "
                          "cannot: give names in UTF-8") from None
-    _write_whole(output, text)
+    write_whole(output, text)
     if as_json:
         click.echo(json.dumps(fit.as_json(), indent=2))
         return
@@ -1182,7 +1159,7 @@ def calibrate(pairs, output, rank, device_spec, network, ranks, nodes, algorithm
     except UnicodeEncodeError:
         raise FlintError("--name or a profile's name holds bytes that are not UTF-8, which a TOML file cannot: "
                          "give names in UTF-8") from None
-    _write_whole(output, text)
+    write_whole(output, text)
     if as_json:
         click.echo(json.dumps(fit.as_json(), indent=2))
         return

@@ -77,6 +77,29 @@ def remove_empty(directories: list[Path]) -> None:
             pass
 
 
+def write_whole(output: Path, data: bytes) -> None:
+    """Write `output` whole or not at all: into a file beside it, renamed over it once written, so
+    that a full disk or an interrupt leaves any earlier file as it was and no fragment of a new one.
+    A link is written through (its target replaced), and what is not a regular file (a pipe, a
+    device such as /dev/stdout) is written as a stream, as it cannot be replaced."""
+    target = output.resolve() if output.is_symlink() else output
+    try:
+        if target.exists() and not target.is_file():
+            with open(target, "wb") as stream:
+                stream.write(data)
+            return
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        staged.write_bytes(data)
+        os.replace(staged, target)
+    except OSError as exc:
+        raise FlintError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 def check_dump_dir(path: Path | None, output: Path) -> Path | None:
     """`path` if the traced IR may be written there: a directory (or none yet) outside `output`,
     which the finished trace replaces whole."""

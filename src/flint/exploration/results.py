@@ -4,7 +4,8 @@ rerun resumes from), and `results.csv`, the latest record of every point, rewrit
 The log is read back tolerantly: a run killed mid-write leaves a truncated last line, which is
 ignored (that point simply runs again) and dropped before the next record is appended, so that the
 two do not run together into one invalid line (a last record missing only its newline is kept, and
-ended).
+ended). Where either file cannot be read or written (a directory in its place, a full disk), the
+sweep stops with one line naming it, and no staged copy is left beside it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from flint.emit.writer import write_whole
+from flint.errors import FlintError
 from flint.exploration.point import COLUMNS
 
 LOG, TABLE = "results.jsonl", "results.csv"
@@ -30,9 +33,16 @@ class ResultStore:
         self.records: dict[str, dict[str, Any]] = {}
         self._unended: tuple[int, bool] | None = None
         """Where the log's last line starts, and whether it is a record, if it has no newline."""
+        for name in (LOG, TABLE):
+            if (directory / name).is_dir():
+                raise FlintError(f"{str(directory / name)!r} is a directory, where the sweep keeps its results: "
+                                 "remove it or choose another -o")
         log = directory / LOG
         if log.exists():
-            data = log.read_bytes()
+            try:
+                data = log.read_bytes()
+            except OSError as exc:
+                raise FlintError(f"cannot read {str(log)!r}: {exc.strerror}") from None
             for line in data.decode(errors="replace").splitlines():
                 record = _record(line)
                 if record is not None:
@@ -48,13 +58,16 @@ class ResultStore:
 
     def add(self, record: dict[str, Any]) -> None:
         self.records[record["id"]] = record
-        if self._unended is not None:
-            self._end_log(*self._unended)
-            self._unended = None
-        with open(self.directory / LOG, "a") as log:
-            log.write(json.dumps(record, sort_keys=True) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
+        try:
+            if self._unended is not None:
+                self._end_log(*self._unended)
+                self._unended = None
+            with open(self.directory / LOG, "a") as log:
+                log.write(json.dumps(record, sort_keys=True) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
+        except OSError as exc:
+            raise FlintError(f"cannot write {str(self.directory / LOG)!r}: {exc.strerror}") from None
         self._write_table()
 
     def _end_log(self, start: int, whole: bool) -> None:
@@ -71,9 +84,7 @@ class ResultStore:
         writer.writeheader()
         for record in self.records.values():
             writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in record.items()})
-        staged = self.directory / f".{TABLE}.tmp"
-        staged.write_text(buffer.getvalue())
-        os.replace(staged, self.directory / TABLE)
+        write_whole(self.directory / TABLE, buffer.getvalue().encode())
 
     def ordered(self, keys: Iterable[str]) -> list[dict[str, Any]]:
         return [self.records[k] for k in keys if k in self.records]
