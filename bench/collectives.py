@@ -27,11 +27,12 @@ unless given; `--help` says what each option means.)
    one to 128 nodes of 8 H100, two nodes of 8 A100 and of 8 B200, one, two and twenty GB200 NVL72
    racks) and four published tables of all-reduce bus bandwidth by size (`bus_bandwidths.toml`:
    Azure's 8x H100, 8x H200 and 8x A100 VMs and a 4x GB200 VM's ring, 1 KB to 8 GB), none of them
-   fitted, those that state an NCCL release (`nccl`, or in their own output) with its tuner
-   choosing (the others the newest release's): one line per size, then each run's worst and
+   fitted, each with the tuner of the NCCL release it ran choosing: the one it states (`nccl`, or
+   its own output), else the newest NVIDIA had tagged before it was posted (`posted`;
+   `releases.toml`), else the newest release's: one line per size, then each run's worst and
    median ratio by size band and its largest size's bus bandwidth; then, where two or more
    published runs share a placement (those of 1. and 3. among them), the range they span at each
-   size and where Flint falls in it (the newest tuner's pick).
+   size and where Flint, under each run's release, falls in it.
 5. Runs of one cluster at two sizes (`transfer.toml`): `flint calibrate --network` fitted to the
    smaller, the larger beside the network before and after the fit: how far a fit on a small
    allocation carries to more nodes (worst and median ratio by size band).
@@ -73,6 +74,8 @@ SAMPLE = "h100_8gpu_all_reduce_perf.txt"
 GB = 10**9
 BANDS = [(16 * 2**20, 16 * 2**30, 0.15), (8, 8 * 2**20, 0.35)]
 """(smallest, largest bytes, tolerance): the 8x H100 all-reduce targets."""
+TAGGED = tomllib.loads((ROOT / "bench" / "measured" / "nccl" / "releases.toml").read_text())["tagged"]
+"""The day each NCCL release was tagged, by release."""
 
 
 def run_beside(run: NcclTestsRun, network, ranks: int | None = None, nodes: int | None = None,
@@ -190,22 +193,39 @@ def fitted_runs(folder: Path) -> list[tuple[dict, NcclTestsRun]]:
 
 
 def held_network(entry: dict, run: NcclTestsRun | None = None) -> NetworkFile:
-    """A held-out run's network: its built-in file, with the NCCL release the run states (`nccl`,
-    else the one its output states: its tuner picks the algorithms) and the channels between nodes
-    the run set (`channels`, where NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
-    network = with_release(BUILTIN_NETWORKS[entry["network"]], entry.get("nccl") or (run.nccl if run else None),
-                           entry.get("file", "bench/measured/nccl"))
+    """A held-out run's network: its built-in file, under the tuner of the NCCL release the run ran
+    (`run_release`) and with the channels between nodes the run set (`channels`, where
+    NCCL_MIN_NCHANNELS gave it more CTAs than NCCL's default)."""
+    release, source = run_release(entry, run)
+    network = with_release(BUILTIN_NETWORKS[entry["network"]], release, source)
     if "channels" not in entry:
         return network
     return replace(network, scale_out=replace(network.scale_out, channels=entry["channels"]))
 
 
-def with_release(network: NetworkFile, release: str | None, source: str | Path) -> NetworkFile:
-    """`network` under the tuner of NCCL `release` (which `source` states) where one is given; one
-    line where Flint has no tuner of it."""
+def run_release(entry: dict, run: NcclTestsRun | None) -> tuple[str | None, str]:
+    """The release a published run is timed under, and what says so: the one it states (`nccl`, else
+    its output's), else the newest NCCL had tagged before the day it was posted (`posted`: it
+    cannot have run a later one), else none (the network file's, the newest)."""
+    source = entry.get("file", "bench/measured/nccl")
+    stated = entry.get("nccl") or (run.nccl if run else None)
+    if stated:
+        return stated, f"{source} states NCCL {stated}"
+    if "posted" not in entry:
+        return None, f"{source} states no release"
+    before = [release for release, day in TAGGED.items() if day < entry["posted"]]
+    if not before:
+        raise FlintError(f"{source} was posted on {entry['posted']}, before every release in releases.toml")
+    newest = max(before, key=TAGGED.__getitem__)
+    return newest, f"{source}, posted on {entry['posted']}, ran NCCL {newest} or older"
+
+
+def with_release(network: NetworkFile, release: str | None, why: str) -> NetworkFile:
+    """`network` under the tuner of NCCL `release` (`why`: what says the run ran it) where one is
+    given; one line where Flint has no tuner of it."""
     if not release:
         return network
-    return replace(network, nccl=tuner_release(release, f"{source} states NCCL {release}", "this bench times a run "
+    return replace(network, nccl=tuner_release(release, why, "this bench times a run "
                                                "under the tuner of the release it states: give a copy of the file "
                                                "that states none, or the release nearest it"))
 
@@ -244,33 +264,39 @@ def published_ranges(runs: list[tuple[dict, NcclTestsRun]]) -> None:
     """Machines of one kind measure differently (drivers, firmware, NCCL versions, VMs), so a
     model can only be asked to land among them: for every placement that two or more published runs
     share at NCCL's defaults, each size they both measure, their lowest and highest time beside
-    Flint's, and where Flint is: inside that published range, or its ratio to the nearer end."""
-    groups: dict[tuple, list[NcclTestsRun]] = {}
+    Flint's under each run's release (`run_release`: the releases' tuners may pick differently),
+    and where Flint is: inside that published range, or the ratio to the nearer end of the Flint
+    time furthest from it."""
+    groups: dict[tuple, list[tuple[dict, NcclTestsRun]]] = {}
     for entry, run in runs:
         if entry.get("algorithm") or entry.get("protocol"):
             continue
-        groups.setdefault((entry["network"], entry["ranks"], entry["nodes"], run.comm_type), []).append(run)
+        groups.setdefault((entry["network"], entry["ranks"], entry["nodes"], run.comm_type), []).append((entry, run))
     print("\nPublished range: placements that several published runs share (NCCL's defaults; the 8x H100 "
-          "sample above among them), per size measured by two or more")
-    print(f"{'placement':<28} {'bytes':>14} {'runs':>4} {'lowest µs':>10} {'highest µs':>10} {'Flint µs':>10}  "
+          "sample above among them), per size measured by two or more; Flint under each run's release")
+    print(f"{'placement':<28} {'bytes':>14} {'runs':>4} {'lowest µs':>10} {'highest µs':>10} {'Flint µs':>19}  "
           "Flint / nearer end")
     outside: list[float] = []
     for (network_name, ranks, nodes, comm_type), group in groups.items():
         if len(group) < 2:
             continue
-        by_size: dict[int, list[float]] = {}
-        for run in group:
+        by_size: dict[int, list[tuple[float, NetworkFile]]] = {}
+        for entry, run in group:
+            network = held_network(entry, run)
             for row in run.rows:
-                by_size.setdefault(row.size, []).append(row.micros)
+                by_size.setdefault(row.size, []).append((row.micros, network))
         label = f"{ranks} ranks, {nodes} node(s), {network_name}"
-        for size in sorted(s for s, times in by_size.items() if len(times) > 1):
-            low, high = min(by_size[size]), max(by_size[size])
-            flint = modelled(BUILTIN_NETWORKS[network_name], comm_type, size, Placement(ranks, nodes)).micros
-            ratio = flint / low if flint < low else flint / high if flint > high else 1.0
+        for size in sorted(s for s, measured in by_size.items() if len(measured) > 1):
+            low, high = min(us for us, _ in by_size[size]), max(us for us, _ in by_size[size])
+            flint = sorted({modelled(network, comm_type, size, Placement(ranks, nodes)).micros
+                            for _, network in by_size[size]})
+            ratio = max((t / low if t < low else t / high if t > high else 1.0 for t in flint),
+                        key=lambda r: abs(r - 1))
             outside.append(ratio)
             where = "inside" if ratio == 1.0 else f"{ratio:.2f}"
+            times = f"{flint[0]:,.1f}" + (f"-{flint[-1]:,.1f}" if len(flint) > 1 else "")
             print(f"{label:<28} {size:>14,} {len(by_size[size]):>4} {low:>10,.1f} {high:>10,.1f} "
-                  f"{flint:>10,.1f}  {where}")
+                  f"{times:>19}  {where}")
     inside = sum(r == 1.0 for r in outside)
     near = sum(abs(r - 1) <= 0.15 for r in outside)
     print(f"{len(outside)} sizes: {inside} inside the published range, {near} within 15% of it, "
@@ -318,7 +344,8 @@ def given_runs(paths: list[Path], network: NetworkFile, ranks: int | None, nodes
     for run in runs:
         placement = placement_of(run, ranks, nodes)
         check_placement(run, placement, network)
-        tables.append(beside(run, with_release(network, run.nccl, run.path), placement)[0])
+        tables.append(beside(run, with_release(network, run.nccl, f"{run.path} states NCCL {run.nccl}"),
+                             placement)[0])
     return tables
 
 
